@@ -1,0 +1,161 @@
+"""The torch path of paged attention, the one that serves CPU workers.
+
+A step's rows split into decode rows (one query token) and prefill rows (a prompt chunk that
+attends to its cached prefix and causally to itself). The split and every index tensor are
+built once per step into an `AttentionPlan` that all layers reuse (`metadata.plan`):
+- decode rows are batched: their K/V blocks are gathered with one index_select into
+  [num_decode, max_blocks * block_size] and attended with one SDPA call under a length mask,
+  the GQA group of query heads standing in as the query length (no K/V head expansion);
+- prefill rows (few per step) get one SDPA call each, causal with the cached prefix as offset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kernels.attention_metadata import AttentionMetadata
+
+
+@dataclasses.dataclass(slots=True)
+class PrefillRow:
+    start: int  # first token of the request in the step's token dim
+    end: int
+    slots: torch.Tensor  # [seq_len] int64: cache slot of every key position
+    # [query_len, seq_len] bool, True = attend; None when there is no cached prefix (plain causal).
+    mask: torch.Tensor | None
+
+
+@dataclasses.dataclass(slots=True)
+class AttentionPlan:
+    block_size: int
+    num_actual_tokens: int
+    # Decode rows; decode_tokens is a slice when they are contiguous (the usual batch order).
+    num_decode: int
+    decode_tokens: torch.Tensor | slice  # [num_decode] int64 token indices
+    decode_blocks: torch.Tensor  # [num_decode * max_blocks] int64, 0 past a row's seq_len
+    decode_mask: torch.Tensor  # [num_decode, 1, 1, max_blocks * block_size] bool, True = attend
+    prefills: list[PrefillRow]
+
+
+def _as_slice(tokens: np.ndarray) -> slice | None:
+    if len(tokens) and tokens[-1] - tokens[0] == len(tokens) - 1:
+        return slice(int(tokens[0]), int(tokens[-1]) + 1)
+    return None
+
+
+def build_plan(metadata: AttentionMetadata, block_size: int) -> AttentionPlan:
+    device = metadata.block_table.device
+    qsl = metadata.query_start_loc_cpu.astype(np.int64)  # [num_reqs + 1]
+    seq_lens = metadata.seq_lens_cpu.astype(np.int64)  # [num_reqs]
+    query_lens = qsl[1:] - qsl[:-1]  # [num_reqs]
+
+    decode_reqs = np.flatnonzero(query_lens == 1)  # per request
+    decode_tokens_np = qsl[decode_reqs]  # per token
+    num_decode = len(decode_reqs)
+    max_blocks = int(-(-seq_lens[decode_reqs].max() // block_size)) if num_decode else 0
+    reqs = torch.from_numpy(decode_reqs).to(device)
+    lens = torch.from_numpy(seq_lens[decode_reqs]).to(device)  # [num_decode]
+    # Block ids past a row's length may be garbage (even out of range): replace them by block 0.
+    table = metadata.block_table.index_select(0, reqs)[:, :max_blocks].long()
+    block_start = torch.arange(max_blocks, device=device) * block_size  # [max_blocks]
+    table = table.masked_fill(block_start >= lens[:, None], 0)  # [num_decode, max_blocks]
+    key_pos = torch.arange(max_blocks * block_size, device=device)
+    decode_mask = (key_pos < lens[:, None])[:, None, None, :]
+    decode_tokens = _as_slice(decode_tokens_np)
+    if decode_tokens is None:
+        decode_tokens = torch.from_numpy(decode_tokens_np).to(device)
+
+    prefills = []
+    for r in np.flatnonzero(query_lens > 1):
+        query_len, seq_len = int(query_lens[r]), int(seq_lens[r])
+        pos = torch.arange(seq_len, device=device)  # [seq_len] key positions
+        blocks = metadata.block_table[r, : -(-seq_len // block_size)].long()
+        slots = blocks[pos // block_size] * block_size + pos % block_size
+        mask = None
+        if seq_len > query_len:
+            # Query i sits at position seq_len - query_len + i and sees keys up to it.
+            q_pos = torch.arange(seq_len - query_len, seq_len, device=device)
+            mask = pos[None, :] <= q_pos[:, None]
+        prefills.append(PrefillRow(int(qsl[r]), int(qsl[r + 1]), slots, mask))
+
+    return AttentionPlan(
+        block_size=block_size,
+        num_actual_tokens=int(qsl[-1]),
+        num_decode=num_decode,
+        decode_tokens=decode_tokens,
+        decode_blocks=table.reshape(-1),
+        decode_mask=decode_mask,
+        prefills=prefills,
+    )
+
+
+def paged_attention_torch(
+    query: torch.Tensor,  # [num_tokens, num_q_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    block_size = k_cache.shape[1]
+    plan = metadata.plan
+    if not isinstance(plan, AttentionPlan) or plan.block_size != block_size:
+        plan = metadata.plan = build_plan(metadata, block_size)
+    out = torch.empty_like(query)
+    if plan.num_actual_tokens < query.shape[0]:
+        out[plan.num_actual_tokens :].zero_()  # padding rows: defined, never read
+    if plan.num_decode:
+        _decode(query, k_cache, v_cache, plan, scale, out)
+    for row in plan.prefills:
+        _prefill(query, k_cache, v_cache, row, scale, out)
+    return out
+
+
+def _decode(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: AttentionPlan,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    num_decode = plan.num_decode
+    _, _, num_kv_heads, head_dim = k_cache.shape
+    group = query.shape[1] // num_kv_heads
+    q = query[plan.decode_tokens].view(num_decode, num_kv_heads, group, head_dim)
+    # [num_decode * max_blocks, block_size, nkv, hd] -> [num_decode, nkv, max_len, hd] (a view)
+    k = k_cache.index_select(0, plan.decode_blocks).view(num_decode, -1, num_kv_heads, head_dim)
+    v = v_cache.index_select(0, plan.decode_blocks).view(num_decode, -1, num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(
+        q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=plan.decode_mask, scale=scale
+    )  # [num_decode, nkv, group, hd]
+    out[plan.decode_tokens] = o.reshape(num_decode, -1, head_dim)
+
+
+def _prefill(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    row: PrefillRow,
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    group = query.shape[1] // num_kv_heads
+    k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, row.slots)  # [seq_len, nkv, hd]
+    v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, row.slots)
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    q = query[row.start : row.end].transpose(0, 1)  # [nq, query_len, hd]
+    o = F.scaled_dot_product_attention(
+        q,
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=row.mask,
+        is_causal=row.mask is None,
+        scale=scale,
+    )  # [nq, query_len, hd]
+    out[row.start : row.end] = o.transpose(0, 1)
