@@ -39,6 +39,18 @@ class AttentionPlan:
     decode_blocks: torch.Tensor  # [num_decode * max_blocks] int64, 0 past a row's seq_len
     decode_mask: torch.Tensor  # [num_decode, 1, 1, max_blocks * block_size] bool, True = attend
     prefills: list[PrefillRow]
+    # Gather buffers reused by every layer: fresh ones per layer cost page faults on CPU.
+    workspace: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
+        default_factory=dict
+    )
+
+    def gather_buffers(self, k_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (self.decode_blocks.numel(), *k_cache.shape[1:])
+        key = (k_cache.dtype, k_cache.device, shape)
+        if key not in self.workspace:
+            buffer = torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device)
+            self.workspace[key] = (buffer, torch.empty_like(buffer))
+        return self.workspace[key]
 
 
 def _as_slice(tokens: np.ndarray) -> slice | None:
@@ -127,8 +139,11 @@ def _decode(
     group = query.shape[1] // num_kv_heads
     q = query[plan.decode_tokens].view(num_decode, num_kv_heads, group, head_dim)
     # [num_decode * max_blocks, block_size, nkv, hd] -> [num_decode, nkv, max_len, hd] (a view)
-    k = k_cache.index_select(0, plan.decode_blocks).view(num_decode, -1, num_kv_heads, head_dim)
-    v = v_cache.index_select(0, plan.decode_blocks).view(num_decode, -1, num_kv_heads, head_dim)
+    k, v = plan.gather_buffers(k_cache)
+    torch.index_select(k_cache, 0, plan.decode_blocks, out=k)
+    torch.index_select(v_cache, 0, plan.decode_blocks, out=v)
+    k = k.view(num_decode, -1, num_kv_heads, head_dim)
+    v = v.view(num_decode, -1, num_kv_heads, head_dim)
     o = F.scaled_dot_product_attention(
         q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=plan.decode_mask, scale=scale
     )  # [num_decode, nkv, group, hd]
