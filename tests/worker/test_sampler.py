@@ -9,6 +9,7 @@ import pytest
 import torch
 from batchwire.v1 import worker_pb2
 
+from worker_svc import sampler as sampler_module
 from worker_svc.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
 from worker_svc.sampling_metadata import SamplingMetadata, build_sampling_metadata
 
@@ -109,7 +110,7 @@ def test_seeded_rows_follow_softmax_too():
     assert chi_square(draws, hand_softmax(row, 0.8)) < CHI2_999[3]
 
 
-@pytest.mark.parametrize("with_top_p", [False, True], ids=["topk-path", "sort-path"])
+@pytest.mark.parametrize("with_top_p", [False, True], ids=["top-k alone", "with top-p"])
 def test_top_k_keeps_the_k_largest_and_their_ties(with_top_p: bool):
     logits = torch.tensor(
         [
@@ -142,6 +143,38 @@ def test_top_p_applies_to_the_distribution_left_by_top_k():
     assert [finite(r) for r in logits] == [{1, 3}, {1}]
 
 
+def reference_top_k_top_p(row: list[float], k: int, p: float) -> set[int]:
+    """Plain Python, float64: sort, cut to k, keep tokens while the mass before them is < p."""
+    order = sorted(range(len(row)), key=lambda i: -row[i])
+    if 0 < k < len(row):
+        order = order[:k]
+    if p >= 1.0:
+        return set(order)
+    weights = [math.exp(row[i] - row[order[0]]) for i in order]
+    kept, mass = set(), 0.0
+    for token, weight in zip(order, weights, strict=True):
+        if mass >= p:
+            break
+        kept.add(token)
+        mass += weight / sum(weights)
+    return kept
+
+
+def test_top_p_widens_its_candidates_for_flat_rows(monkeypatch: pytest.MonkeyPatch):
+    # Eight candidates first, so flat rows retry at 128, 2048 and then the whole vocabulary.
+    monkeypatch.setattr(sampler_module, "TOP_P_CANDIDATES", 8)
+    vocab = 3000
+    cases = [(k, p) for k in (0, 50, 2000) for p in (0.5, 0.9, 1.0)]
+    scales = torch.tensor([0.3, 3.0]).repeat_interleave(len(cases)).unsqueeze(1)  # [2 * cases, 1]
+    logits = torch.randn(2 * len(cases), vocab, generator=seeded(5)) * scales
+    rows = logits.tolist()
+    top_k = torch.tensor([k for k, _ in cases] * 2)
+    top_p = torch.tensor([p for _, p in cases] * 2)
+    apply_top_k_top_p(logits, top_k, top_p)
+    for i, row in enumerate(rows):
+        assert finite(logits[i]) == reference_top_k_top_p(row, int(top_k[i]), float(top_p[i]))
+
+
 def test_min_p_masks_below_a_fraction_of_the_top_probability():
     logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(3, 1)  # [3, 4]
     apply_min_p(logits, torch.tensor([0.2, 0.5, 0.0]))  # thresholds 0.1, 0.25, none
@@ -168,18 +201,19 @@ def test_filtered_draws_follow_the_renormalised_distribution(filters, expected):
 
 def test_penalties_match_hand_arithmetic():
     row = [2.0, -1.0, 0.5, 3.0, -2.0, 1.0]
-    logits = torch.tensor([row] * 5)  # [5, 6]
+    logits = torch.tensor([row] * 6)  # [6, 6]
     ps = [
         params(repetition_penalty=2.0),
         params(frequency_penalty=0.5),
         params(presence_penalty=0.25),
         params(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
         params(repetition_penalty=2.0),  # nothing seen yet: nothing to penalise
+        params(repetition_penalty=2.0, frequency_penalty=0.5),  # repeats penalised once
     ]
-    outputs = [[3, 3, 4]] * 4 + [[]]
-    prompts = [[0, 1]] * 4 + [[]]
+    outputs = [[3, 3, 4]] * 4 + [[], [3]]
+    prompts = [[0, 1]] * 4 + [[], [3, 3, 0]]
     md = metadata(ps, vocab=6, outputs=outputs, prompts=prompts)
-    assert md.prompt_token_ids is not None and md.prompt_token_ids[4].tolist() == [6, 6]
+    assert md.prompt_token_ids is not None and md.prompt_token_ids[4].tolist() == [6, 6, 6]
     apply_penalties(logits, md)
     # Seen: 0, 1 (prompt), 3 twice and 4 once (output). Repetition divides positive logits and
     # multiplies negative ones; frequency subtracts 0.5 per output count; presence 0.25 once.
@@ -189,6 +223,7 @@ def test_penalties_match_hand_arithmetic():
         [2.0, -1.0, 0.5, 2.75, -2.25, 1.0],
         [1.0, -2.0, 0.5, 0.25, -4.75, 1.0],
         row,
+        [1.0, -1.0, 0.5, 1.0, -2.0, 1.0],
     ]
 
 
