@@ -1,0 +1,71 @@
+"""The scheduler service's configuration: one frozen dataclass, validated once at start-up."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from worker_svc.config import WorkerConfig
+
+POLICIES = ("fcfs", "priority")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    # The model and the in-process worker (`uni`); remote workers bring their own settings.
+    model: str | None = None  # checkpoint dir or .gguf file; None = the embedded SmolLM2
+    dtype: str = "bfloat16"  # bfloat16 matmuls run ~6x faster than float32 on AMX CPUs
+    block_size: int = 16  # tokens per KV-cache block
+    kv_cache_memory_bytes: int = 1 << 30  # the worker sizes its block pool from this
+    seed: int = 0  # seeds the sampling of requests that bring no seed of their own
+    # "uni" (in-process), "grpc", "zmq", or an Executor subclass or its qualified name.
+    executor_backend: str | type = "uni"
+
+    # Scheduling.
+    max_num_seqs: int = 256  # most requests running at once
+    max_num_batched_tokens: int = 2048  # token budget of one step
+    # A prefill longer than this is cut into chunks of this size so that it shares steps with
+    # decodes instead of stalling them; 0 = no cap beyond the step's budget.
+    long_prefill_token_threshold: int = 0
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    policy: str = "fcfs"  # "fcfs" or "priority" (lower value runs first, then earlier arrival)
+    max_model_len: int = 2048  # prompt + output; the worker's own limit may lower it
+    max_queued_requests: int = 10_000  # waiting requests beyond this are refused at admission
+    max_logprobs: int = 20  # the most top-n logprobs a request may ask for
+
+    def __post_init__(self) -> None:
+        positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
+                    "max_queued_requests", "kv_cache_memory_bytes")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError("long_prefill_token_threshold must be >= 0, "
+                             f"got {self.long_prefill_token_threshold}")
+        if self.max_logprobs < 0:
+            raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # Every running request needs at least one token per step.
+            raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at "
+                             f"least max_num_seqs ({self.max_num_seqs})")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            # Without chunking a whole prompt must fit in one step, or it never runs.
+            raise ValueError(f"without chunked prefill max_num_batched_tokens "
+                             f"({self.max_num_batched_tokens}) must be at least max_model_len "
+                             f"({self.max_model_len})")
+
+    def worker_config(self) -> WorkerConfig:
+        """The settings of an in-process worker that matches this scheduler."""
+        return WorkerConfig(
+            model=self.model,
+            dtype=self.dtype,
+            block_size=self.block_size,
+            kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+            max_num_reqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_logprobs=self.max_logprobs,
+            seed=self.seed,
+        )

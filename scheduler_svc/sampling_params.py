@@ -1,0 +1,116 @@
+"""How a request wants its tokens chosen and when it wants to stop; validated on arrival."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from batchwire.v1 import worker_pb2
+
+from scheduler_svc.errors import InvalidRequestError
+
+__all__ = ["InvalidRequestError", "SamplingParams", "validate_prompt"]
+
+
+@dataclasses.dataclass(slots=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0  # 1 = off
+    top_k: int = 0  # 0 or -1 = off
+    min_p: float = 0.0  # 0 = off
+    seed: int | None = None  # a per-request generator; draws do not depend on the batch
+    max_tokens: int = 16  # output tokens at most (max_model_len may stop the request earlier)
+    min_tokens: int = 0  # EOS and stop token ids are ignored until this many tokens are out
+    stop: list[str] = dataclasses.field(default_factory=list)  # stop strings, found in the text
+    stop_token_ids: list[int] = dataclasses.field(default_factory=list)
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True  # in the detokenized text; token ids are never filtered
+    presence_penalty: float = 0.0  # 0 = off
+    frequency_penalty: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    logprobs: int | None = None  # top-n logprobs per sampled token; None = none
+
+    def __post_init__(self) -> None:
+        # A lone string is a common spelling of one stop string.
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        self._validate()
+
+    def _validate(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            _refuse("temperature", self.temperature, "must be finite and >= 0")
+        if not 0 < self.top_p <= 1:
+            _refuse("top_p", self.top_p, "must be in (0, 1]")
+        if self.top_k < -1:
+            _refuse("top_k", self.top_k, "must be >= -1 (0 and -1 mean off)")
+        if not 0 <= self.min_p <= 1:
+            _refuse("min_p", self.min_p, "must be in [0, 1]")
+        if self.max_tokens < 1:
+            _refuse("max_tokens", self.max_tokens, "must be >= 1")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            _refuse("min_tokens", self.min_tokens, f"must be in [0, max_tokens={self.max_tokens}]")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2 <= value <= 2:
+                _refuse(name, value, "must be in [-2, 2]")
+        if not self.repetition_penalty > 0:
+            _refuse("repetition_penalty", self.repetition_penalty, "must be > 0")
+        if self.logprobs is not None and self.logprobs < 0:
+            _refuse("logprobs", self.logprobs, "must be >= 0")
+        for s in self.stop:
+            if not s:
+                _refuse("stop", s, "stop strings must not be empty")
+
+    def validate_for(self, vocab_size: int, max_logprobs: int) -> None:
+        """The checks that need the model and the server's limits."""
+        if self.logprobs is not None and self.logprobs > max_logprobs:
+            _refuse("logprobs", self.logprobs, f"must be <= the configured max_logprobs "
+                    f"({max_logprobs})")
+        for t in self.stop_token_ids:
+            if not 0 <= t < vocab_size:
+                _refuse("stop_token_ids", t, f"is outside the vocabulary [0, {vocab_size})")
+
+    def to_proto(self, eos_token_ids: Sequence[int]) -> worker_pb2.RequestSamplingParams:
+        """What the worker applies: EOS ids join the stop ids so that min_tokens masks them too."""
+        stop_ids = list(self.stop_token_ids)
+        if not self.ignore_eos:
+            stop_ids += [t for t in eos_token_ids if t not in stop_ids]
+        msg = worker_pb2.RequestSamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            min_tokens=self.min_tokens,
+            stop_token_ids=stop_ids,
+        )
+        if self.seed is not None:
+            msg.seed = self.seed
+        if self.logprobs is not None:
+            msg.logprobs = self.logprobs
+        return msg
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_len: int) -> None:
+    if len(prompt_token_ids) == 0:
+        _refuse("prompt", "", "must not be empty")
+    if len(prompt_token_ids) >= max_model_len:
+        _refuse("prompt", f"{len(prompt_token_ids)} tokens",
+                f"must be shorter than max_model_len ({max_model_len}) to leave room for output")
+    if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= vocab_size:
+        bad = next(t for t in prompt_token_ids if not 0 <= t < vocab_size)
+        _refuse("prompt_token_ids", bad, f"is outside the vocabulary [0, {vocab_size})")
+
+
+def _refuse(field: str, value: object, rule: str) -> None:
+    raise InvalidRequestError(field, f"{value!r} {rule}")

@@ -1,0 +1,333 @@
+"""Continuous batching: each step, decide which requests compute how many tokens.
+
+There are no prefill and decode phases. Every request has a token count and a computed count, and
+a step gives each request tokens so that the second catches up with the first, within a token
+budget and a cap on running requests: running requests first, in order, then waiting ones. A long
+prompt is cut into chunks; when the KV pool runs dry a running request is preempted and later
+recomputed from scratch.
+
+schedule() builds the protobuf SchedulerOutput directly: it is the edge where the decision leaves
+this process, and building it here saves a second pass over the batch (measured in
+benchmarks/scheduler_step.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from batchwire.v1 import worker_pb2
+
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.detokenizer import IncrementalDetokenizer
+from scheduler_svc.errors import InvalidRequestError, QueueFullError
+from scheduler_svc.kv_cache_manager import KVCacheManager
+from scheduler_svc.outputs import EngineCoreOutput, TokenLogprobs
+from scheduler_svc.request import Request, RequestStatus
+from scheduler_svc.request_queue import make_queue
+from scheduler_svc.sampling_params import SamplingParams, validate_prompt
+from scheduler_svc.stop_checker import check_stop
+
+_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def short_id(n: int) -> str:
+    """Base-36 ids keep a 256-request decode step's SchedulerOutput under 4 KiB."""
+    digits = []
+    while True:
+        n, r = divmod(n, 36)
+        digits.append(_BASE36[r])
+        if n == 0:
+            return "".join(reversed(digits))
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        num_blocks: int,
+        block_size: int,
+        vocab_size: int,
+        eos_token_ids: Iterable[int] = (),
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        tokenizer: Any = None,
+    ) -> None:
+        self.config = config
+        # The worker's own limits may be tighter than ours.
+        self.max_model_len = min(config.max_model_len, max_model_len or config.max_model_len)
+        self.max_num_seqs = min(config.max_num_seqs, max_num_seqs or config.max_num_seqs)
+        self.max_num_batched_tokens = min(
+            config.max_num_batched_tokens, max_num_batched_tokens or config.max_num_batched_tokens)
+        capacity = (num_blocks - 1) * block_size
+        if capacity < self.max_model_len:
+            # Otherwise one long request could fill the pool alone and preempt itself forever.
+            raise ValueError(f"the KV cache holds {capacity} tokens ({num_blocks - 1} blocks of "
+                             f"{block_size}), less than max_model_len ({self.max_model_len}): "
+                             "give the worker more KV-cache memory or lower max_model_len")
+        self.vocab_size = vocab_size
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.tokenizer = tokenizer
+        self.kv = KVCacheManager(num_blocks, block_size, config.enable_prefix_caching)
+        self.waiting = make_queue(config.policy)
+        self.running: list[Request] = []  # in admission order: FCFS preempts from the end
+        self.requests: dict[str, Request] = {}  # unfinished requests by wire id
+        self._wire_ids: dict[str, str] = {}  # client id -> wire id
+        self.finished_req_ids: list[str] = []  # to tell the worker in the next step
+        self._next_id = 0
+        self._step_id = 0
+
+    # Requests in and out.
+
+    def add_request(
+        self,
+        prompt_token_ids: Sequence[int],
+        sampling_params: SamplingParams,
+        client_id: str | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Validates and queues a request; raises InvalidRequestError or QueueFullError."""
+        validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
+        sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)
+        if sampling_params.stop and self.tokenizer is None:
+            raise InvalidRequestError("stop", "stop strings need a tokenizer, this engine has none")
+        if len(self.waiting) >= self.config.max_queued_requests:
+            raise QueueFullError(f"{len(self.waiting)} requests are waiting, the limit is "
+                                 f"{self.config.max_queued_requests}")
+        wire_id = short_id(self._next_id)
+        self._next_id += 1
+        client_id = wire_id if client_id is None else client_id
+        if client_id in self._wire_ids:
+            raise InvalidRequestError("request_id", f"{client_id!r} is already running")
+        detok = None
+        if self.tokenizer is not None:
+            detok = IncrementalDetokenizer(
+                self.tokenizer, prompt_token_ids, sampling_params.stop,
+                sampling_params.include_stop_str_in_output, sampling_params.skip_special_tokens)
+        request = Request(wire_id, list(prompt_token_ids), sampling_params, self.eos_token_ids,
+                          client_id, arrival_time if arrival_time is not None else time.monotonic(),
+                          priority, cache_salt, detok)
+        self.requests[wire_id] = request
+        self._wire_ids[client_id] = wire_id
+        self.waiting.add(request)
+        return request
+
+    def abort_requests(self, client_ids: Iterable[str]) -> list[EngineCoreOutput]:
+        """Frees the requests' blocks now; the worker hears of them in the next step."""
+        outputs = []
+        for client_id in client_ids:
+            wire_id = self._wire_ids.get(client_id)
+            if wire_id is None:
+                continue  # finished already, or never here
+            request = self.requests[wire_id]
+            if request.status == RequestStatus.RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+            outputs.append(self._output(request, [], "", None))
+        return outputs
+
+    def has_requests(self) -> bool:
+        """Work left: unfinished requests, or finished ids the worker has not heard of yet."""
+        return bool(self.requests) or bool(self.finished_req_ids)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # One step.
+
+    def schedule(self) -> worker_pb2.SchedulerOutput:
+        threshold = (self.config.long_prefill_token_threshold
+                     if self.config.enable_chunked_prefill else 0)
+        budget = self.max_num_batched_tokens
+        num_scheduled: dict[str, int] = {}  # wire id -> tokens to compute this step
+        new_block_ids: dict[str, list[int]] = {}  # running requests' blocks added this step
+        scheduled_running: list[Request] = []
+        preempted = False
+
+        i = 0
+        while i < len(self.running) and budget > 0:
+            request = self.running[i]
+            n = request.num_tokens - request.num_computed_tokens
+            if 0 < threshold < n:
+                n = threshold
+            n = min(n, budget)
+            if n <= 0:
+                i += 1
+                continue
+            new_blocks = self.kv.allocate_slots(request, n)
+            while new_blocks is None:
+                victim = self._preemption_victim()
+                index = self.running.index(victim)
+                del self.running[index]
+                if victim.request_id in num_scheduled:  # possible under the priority policy
+                    budget += num_scheduled.pop(victim.request_id)
+                    del new_block_ids[victim.request_id]
+                    scheduled_running.remove(victim)
+                if index < i:
+                    i -= 1
+                self._preempt(victim)
+                preempted = True
+                if victim is request:
+                    break
+                new_blocks = self.kv.allocate_slots(request, n)
+            if new_blocks is None:
+                break  # the request preempted itself: nothing else can fit either
+            scheduled_running.append(request)
+            num_scheduled[request.request_id] = n
+            new_block_ids[request.request_id] = [b.block_id for b in new_blocks]
+            budget -= n
+            i += 1
+
+        # Admitting right after a preemption would only take the blocks just freed from the
+        # preempted request, which is older and waits at the front of the queue.
+        new_reqs: list[Request] = []
+        resumed_reqs: list[Request] = []
+        while (not preempted and len(self.waiting) and budget > 0
+               and len(self.running) < self.max_num_seqs):
+            request = self.waiting.peek()
+            hits, num_hit = self.kv.get_computed_blocks(request)
+            n = request.num_tokens - num_hit
+            if 0 < threshold < n:
+                n = threshold
+            if not self.config.enable_chunked_prefill and n > budget:
+                break  # it must run whole; those behind it wait their turn (FCFS)
+            n = min(n, budget)
+            if self.kv.allocate_slots(request, n, hits, num_hit) is None:
+                break
+            self.waiting.pop()
+            self.running.append(request)
+            (new_reqs if request.status == RequestStatus.WAITING else resumed_reqs).append(request)
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            num_scheduled[request.request_id] = n
+            budget -= n
+
+        so = self._build_output(new_reqs, scheduled_running, resumed_reqs, num_scheduled,
+                                new_block_ids)
+        # The KV of the scheduled tokens is being written now: the next step starts after it.
+        for request in (*scheduled_running, *new_reqs, *resumed_reqs):
+            request.num_computed_tokens += num_scheduled[request.request_id]
+        self.finished_req_ids = []
+        self._step_id += 1
+        return so
+
+    def get_grammar_bitmask(self, so: worker_pb2.SchedulerOutput
+                            ) -> worker_pb2.GrammarOutput | None:
+        """The structured-output hook (issue 9): built while the forward pass runs. No request is
+        constrained yet, so there is nothing to mask."""
+        return None
+
+    def update_from_output(
+        self, so: worker_pb2.SchedulerOutput, model_output: worker_pb2.ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Appends the sampled tokens, applies the stop rules, frees finished requests' blocks."""
+        outputs = []
+        stopped: set[Request] = set()
+        all_logprobs = model_output.logprobs
+        for index, req_id in enumerate(model_output.req_ids):
+            sampled = model_output.sampled_token_ids[index].ids
+            if not sampled:
+                continue  # still mid-prefill
+            request = self.requests.get(req_id)
+            if request is None:
+                continue  # aborted while the step ran
+            new_ids: list[int] = []
+            status = None
+            for token in sampled:
+                request.all_token_ids.append(token)
+                new_ids.append(token)
+                status = check_stop(request, self.max_model_len)
+                if status is not None:
+                    break
+            text = ""
+            if request.detokenizer is not None:
+                text, stop_str = request.detokenizer.update(new_ids, finished=status is not None)
+                if stop_str is not None and status is None:
+                    status = RequestStatus.FINISHED_STOPPED
+                    request.stop_reason = stop_str
+            logprobs = None
+            if all_logprobs and all_logprobs[index].token_ids:
+                lp = all_logprobs[index]
+                logprobs = [TokenLogprobs(list(lp.token_ids), list(lp.logprobs),
+                                          lp.sampled_token_rank)]
+            if status is not None:
+                stopped.add(request)
+                self._finish(request, status)
+            outputs.append(self._output(request, new_ids, text, logprobs))
+        if stopped:
+            self.running = [r for r in self.running if r not in stopped]
+        return outputs
+
+    # Helpers.
+
+    def _preemption_victim(self) -> Request:
+        if self.config.policy == "priority":
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]  # the most recently admitted
+
+    def _preempt(self, request: Request) -> None:
+        """Recompute, not swap: the blocks go back to the pool, the request to the queue's front."""
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.waiting.prepend(request)
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        # The worker knows a request once it has been scheduled; only then must it be told.
+        if request.status != RequestStatus.WAITING:
+            self.finished_req_ids.append(request.request_id)
+        request.status = status
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        del self._wire_ids[request.client_id]
+
+    def _output(self, request: Request, new_ids: list[int], text: str,
+                logprobs: list[TokenLogprobs] | None) -> EngineCoreOutput:
+        return EngineCoreOutput(
+            request.client_id, new_ids, text, request.is_finished, request.status.finish_reason,
+            request.stop_reason, request.num_prompt_tokens, request.num_output_tokens, logprobs)
+
+    def _build_output(
+        self,
+        new_reqs: list[Request],
+        running: list[Request],
+        resumed: list[Request],
+        num_scheduled: dict[str, int],
+        new_block_ids: dict[str, list[int]],
+    ) -> worker_pb2.SchedulerOutput:
+        so = worker_pb2.SchedulerOutput(
+            step_id=self._step_id,
+            total_num_scheduled_tokens=sum(num_scheduled.values()),
+            finished_req_ids=self.finished_req_ids,
+        )
+        for r in new_reqs:
+            so.scheduled_new_reqs.add(
+                req_id=r.request_id,
+                prompt_token_ids=r.prompt_token_ids,
+                sampling=r.sampling_params.to_proto(self.eos_token_ids),
+                block_ids=self.kv.block_ids(r.request_id),
+                num_computed_tokens=r.num_computed_tokens,
+                num_scheduled_tokens=num_scheduled[r.request_id],
+            )
+        cached = so.scheduled_cached_reqs
+        ids = [r.request_id for r in running]
+        resumed_ids = [r.request_id for r in resumed]
+        cached.req_ids.extend(ids)
+        cached.req_ids.extend(resumed_ids)
+        cached.resumed_req_ids.extend(resumed_ids)
+        cached.new_block_ids.extend([worker_pb2.BlockIds(ids=new_block_ids[i]) for i in ids])
+        # A resumed request's blocks are all new to the worker: they replace its table.
+        cached.new_block_ids.extend(
+            [worker_pb2.BlockIds(ids=self.kv.block_ids(i)) for i in resumed_ids])
+        cached.num_computed_tokens.extend([r.num_computed_tokens for r in running])
+        cached.num_computed_tokens.extend([r.num_computed_tokens for r in resumed])
+        cached.num_scheduled_tokens.extend([num_scheduled[i] for i in ids])
+        cached.num_scheduled_tokens.extend([num_scheduled[i] for i in resumed_ids])
+        return so

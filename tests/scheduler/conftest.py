@@ -1,0 +1,85 @@
+"""Factories for scheduler tests: configs, schedulers, prompts, fake model outputs, tokenizers."""
+
+from __future__ import annotations
+
+import pytest
+from batchwire.v1 import worker_pb2
+
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.engine_core import EngineCore
+from scheduler_svc.executor import UniProcExecutor
+from scheduler_svc.scheduler import Scheduler
+
+from .fake_worker import FakeWorker
+
+
+def make_config(**overrides) -> SchedulerConfig:
+    fields = dict(max_num_seqs=16, max_num_batched_tokens=2048, max_model_len=1024)
+    fields.update(overrides)
+    return SchedulerConfig(**fields)
+
+
+def make_scheduler(num_blocks: int = 1000, block_size: int = 16, vocab_size: int = 50_000,
+                   eos_token_ids=(2,), tokenizer=None, **config) -> Scheduler:
+    return Scheduler(make_config(**config), num_blocks, block_size, vocab_size, eos_token_ids,
+                     tokenizer=tokenizer)
+
+
+def make_prompt(n: int, start: int = 100) -> list[int]:
+    """n distinct-looking token ids; different `start`s give prompts with no shared block."""
+    return [start + i for i in range(n)]
+
+
+def scheduled_tokens(so: worker_pb2.SchedulerOutput) -> dict[str, int]:
+    """Wire id -> tokens scheduled this step, new requests first, in message order."""
+    counts = {r.req_id: r.num_scheduled_tokens for r in so.scheduled_new_reqs}
+    cached = so.scheduled_cached_reqs
+    counts.update(zip(cached.req_ids, cached.num_scheduled_tokens, strict=True))
+    return counts
+
+
+def fake_output(scheduler: Scheduler, so: worker_pb2.SchedulerOutput,
+                tokens: dict[str, int] | int = 7) -> worker_pb2.ModelRunnerOutput:
+    """What a worker would answer: a token for each request whose prefill is complete, nothing
+    for those still mid-prefill. `tokens` is one token for all, or per wire id."""
+    out = worker_pb2.ModelRunnerOutput()
+    for req_id in scheduled_tokens(so):
+        out.req_ids.append(req_id)
+        entry = out.sampled_token_ids.add()
+        request = scheduler.requests.get(req_id)
+        if request is not None and request.num_computed_tokens >= request.num_tokens:
+            entry.ids.append(tokens if isinstance(tokens, int) else tokens[req_id])
+    return out
+
+
+def run_step(scheduler: Scheduler, tokens: dict[str, int] | int = 7):
+    """schedule() then update_from_output() with fake tokens; returns (so, outputs)."""
+    so = scheduler.schedule()
+    return so, scheduler.update_from_output(so, fake_output(scheduler, so, tokens))
+
+
+def make_fake_engine(num_blocks: int, block_size: int, vocab_size: int = 64,
+                     eos_token_ids=(1,), **config) -> tuple[EngineCore, FakeWorker]:
+    cfg = make_config(block_size=block_size, **config)
+    worker = FakeWorker(num_blocks, block_size, vocab_size, tuple(eos_token_ids),
+                        max_model_len=cfg.max_model_len)
+    return EngineCore(cfg, UniProcExecutor(cfg, worker)), worker
+
+
+class ByteTokenizer:
+    """A byte-level tokenizer with a hand-made vocabulary: token i decodes to vocab[i] bytes, so
+    a character's UTF-8 bytes can be split across tokens as in byte-level BPE."""
+
+    eos_token_id = 0
+
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = [b"<eos>", *pieces]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        data = b"".join(self.pieces[i] for i in ids if not (skip_special_tokens and i == 0))
+        return data.decode("utf-8", errors="replace")
+
+
+@pytest.fixture
+def byte_tokenizer():
+    return ByteTokenizer
