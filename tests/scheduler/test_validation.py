@@ -1,0 +1,105 @@
+"""Every refusal names the field and the value; nothing invalid reaches the queue."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scheduler_svc import InvalidRequestError, QueueFullError, SamplingParams
+from scheduler_svc.config import SchedulerConfig
+
+from .conftest import make_prompt, make_scheduler
+
+VOCAB = 1000
+
+PARAM_CASES = [
+    # (field, bad value)
+    ("max_tokens", 0),
+    ("min_tokens", -1),
+    ("min_tokens", 17),  # above max_tokens=16
+    ("temperature", -0.5),
+    ("temperature", math.nan),
+    ("temperature", math.inf),
+    ("top_p", 0.0),
+    ("top_p", 1.5),
+    ("top_k", -2),
+    ("min_p", -0.1),
+    ("min_p", 1.1),
+    ("presence_penalty", 2.5),
+    ("presence_penalty", -2.5),
+    ("frequency_penalty", 3.0),
+    ("repetition_penalty", 0.0),
+    ("stop", [""]),
+]
+
+
+@pytest.mark.parametrize("field, value", PARAM_CASES)
+def test_bad_sampling_params_are_refused_naming_field_and_value(field, value):
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(**{field: value})
+    assert e.value.field == field
+    assert isinstance(e.value, ValueError)  # so callers that catch ValueError still do
+    shown = "''" if value == [""] else repr(value)
+    assert shown in str(e.value)
+
+
+@pytest.mark.parametrize("field, value", [("top_k", 0), ("top_k", -1), ("min_tokens", 16),
+                                          ("temperature", 0.0), ("top_p", 1.0)])
+def test_boundary_values_are_accepted(field, value):
+    SamplingParams(**{field: value})
+
+
+REQUEST_CASES = [
+    # (field, prompt, sampling kwargs)
+    ("prompt", [], {}),
+    ("prompt", make_prompt(64), {}),  # == max_model_len
+    ("prompt", make_prompt(70), {}),
+    ("prompt_token_ids", [5, VOCAB, 6], {}),
+    ("prompt_token_ids", [-1], {}),
+    ("logprobs", [5], {"logprobs": 21}),
+    ("stop_token_ids", [5], {"stop_token_ids": [VOCAB]}),
+    ("stop", [5], {"stop": ["x"]}),  # no tokenizer to find it with
+]
+
+
+@pytest.mark.parametrize("field, prompt, kwargs", REQUEST_CASES)
+def test_bad_requests_are_refused_before_queueing(field, prompt, kwargs):
+    s = make_scheduler(vocab_size=VOCAB, max_model_len=64, max_num_batched_tokens=64)
+    with pytest.raises(InvalidRequestError) as e:
+        s.add_request(prompt, SamplingParams(**kwargs))
+    assert e.value.field == field
+    assert len(s.waiting) == 0 and not s.requests
+
+
+def test_full_queue_is_refused():
+    s = make_scheduler(max_queued_requests=2)
+    for i in range(2):
+        s.add_request(make_prompt(4, 100 * i), SamplingParams())
+    with pytest.raises(QueueFullError):
+        s.add_request(make_prompt(4), SamplingParams())
+
+
+def test_duplicate_client_id_is_refused_while_running():
+    s = make_scheduler()
+    s.add_request(make_prompt(4), SamplingParams(), client_id="x")
+    with pytest.raises(InvalidRequestError, match="already running"):
+        s.add_request(make_prompt(4), SamplingParams(), client_id="x")
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(policy="lifo"), "policy"),
+    (dict(max_num_seqs=64, max_num_batched_tokens=32), "max_num_batched_tokens"),
+    (dict(enable_chunked_prefill=False, max_num_batched_tokens=512, max_model_len=1024),
+     "chunked"),
+    (dict(long_prefill_token_threshold=-1), "long_prefill_token_threshold"),
+])
+def test_config_is_validated_at_start_up(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        SchedulerConfig(**kwargs)
+
+
+def test_kv_pool_smaller_than_one_max_length_request_is_refused():
+    with pytest.raises(ValueError, match="max_model_len"):
+        make_scheduler(num_blocks=4, block_size=16, max_model_len=64)
