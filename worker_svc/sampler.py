@@ -9,8 +9,9 @@ import torch
 
 from worker_svc.sampling_metadata import GREEDY_EPS, SamplingMetadata
 
-# Largest logits a top-p row looks at first; a flatter row retries with 16x as many.
+# Largest logits a top-p row looks at first; a flatter row retries with TOP_P_WIDEN times as many.
 TOP_P_CANDIDATES = 256
+TOP_P_WIDEN = 16
 
 
 @dataclasses.dataclass(slots=True)
@@ -156,57 +157,66 @@ def apply_top_k_top_p(
     tied with a row's last kept logit stay too; the most likely token always stays.
     """
     num_reqs, vocab = logits.shape
-    k_on = torch.zeros(num_reqs, dtype=torch.bool, device=logits.device)  # [num_reqs]
-    k = torch.ones(num_reqs, dtype=torch.int64, device=logits.device)  # [num_reqs]
+    device = logits.device
+    k_on = torch.zeros(num_reqs, dtype=torch.bool, device=device)  # [num_reqs]
+    k = torch.ones(num_reqs, dtype=torch.int64, device=device)  # [num_reqs]
     if top_k is not None:
         k_on = (top_k > 0) & (top_k < vocab)
         k = torch.where(k_on, top_k, 1)
-    # Only the largest logits matter, and topk over them is far cheaper than sorting the whole
-    # vocabulary: ~20x on CPU at vocab 49152. A wider nucleus retries with more candidates.
-    width = min(max(int(k.max()), TOP_P_CANDIDATES if top_p is not None else 1), vocab)
-    while True:
-        candidates = logits.topk(width, dim=-1).values  # [num_reqs, width], descending
-        threshold = candidates.gather(1, k.sub(1).unsqueeze(1))  # [num_reqs, 1]
-        threshold.masked_fill_(~k_on.unsqueeze(1), float("-inf"))
-        if top_p is None:
-            break
-        p_threshold = _top_p_threshold(logits, candidates, threshold, k_on, top_p)
-        if p_threshold is not None:
-            threshold = torch.maximum(threshold, p_threshold)
-            break
-        width = min(width * 16, vocab)
+    if top_p is None:
+        top_p = torch.ones(num_reqs, dtype=torch.float32, device=device)
+    threshold = _threshold(logits, k, k_on, top_p)  # [num_reqs, 1]
     logits.masked_fill_(logits < threshold, float("-inf"))
 
 
-def _top_p_threshold(
+def _threshold(
     logits: torch.Tensor,  # [num_reqs, vocab]
-    candidates: torch.Tensor,  # [num_reqs, width], descending
-    k_threshold: torch.Tensor,  # [num_reqs, 1]; -inf where top-k is off
+    k: torch.Tensor,  # [num_reqs] int64; 1 where top-k is off
     k_on: torch.Tensor,  # [num_reqs] bool
-    top_p: torch.Tensor,  # [num_reqs]
-) -> torch.Tensor | None:
-    """Each row's last logit inside the nucleus ([num_reqs, 1]); None if `candidates` is too
-    narrow to reach p in some row."""
+    top_p: torch.Tensor,  # [num_reqs] float32; 1 where top-p is off
+    width: int = 0,
+) -> torch.Tensor:
+    """The smallest logit each row keeps ([num_reqs, 1]), from its `width` largest logits.
+
+    Only the largest logits matter, and topk over a few hundred of them is ~20x cheaper on
+    CPU than sorting a 49152-token vocabulary. Rows whose nucleus runs past the candidates
+    (flat distributions) are redone alone with 16x as many.
+    """
     vocab = logits.shape[1]
-    candidates = candidates.masked_fill(candidates < k_threshold, float("-inf"))
+    p_on = top_p < 1.0  # [num_reqs]
+    if width == 0:
+        # Top-k rows need their k; top-p rows without top-k start from TOP_P_CANDIDATES.
+        need = torch.where(k_on, k, torch.where(p_on, TOP_P_CANDIDATES, 1))  # [num_reqs]
+        width = int(need.max()) if need.numel() else 1
+    width = min(width, vocab)
+    candidates = logits.topk(width, dim=-1).values  # [num_reqs, width], descending
+    threshold = candidates.gather(1, k.sub(1).unsqueeze(1))  # [num_reqs, 1]
+    threshold.masked_fill_(~k_on.unsqueeze(1), float("-inf"))
+    if not bool(p_on.any()):
+        return threshold
+
+    candidates.masked_fill_(candidates < threshold, float("-inf"))
     # Normalise over what top-k kept: all among the candidates, or else the whole row.
-    log_z = torch.where(
-        k_on.unsqueeze(1),
-        candidates.logsumexp(dim=-1, keepdim=True),
-        logits.logsumexp(dim=-1, keepdim=True),
-    )  # [num_reqs, 1]
+    log_z = candidates.logsumexp(dim=-1, keepdim=True)  # [num_reqs, 1]
+    if not bool(k_on.all()):
+        log_z = torch.where(k_on.unsqueeze(1), log_z, logits.logsumexp(dim=-1, keepdim=True))
     probs = candidates.sub(log_z).exp_()  # [num_reqs, width]
     cumulative = probs.cumsum(dim=-1)  # [num_reqs, width]
-    p_on = top_p < 1.0  # [num_reqs]
-    if candidates.shape[1] < vocab:
-        short = (cumulative[:, -1] < top_p) & p_on & ~k_on  # the nucleus may go on beyond
-        if bool(short.any()):
-            return None
     # Masses before each candidate rise monotonically, so the kept ones are a prefix.
-    num_kept = (cumulative - probs < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True)  # [num_reqs, 1]
+    num_kept = (cumulative - probs < top_p.unsqueeze(1)).sum(dim=-1, keepdim=True)
     last = candidates.gather(1, num_kept.clamp_(min=1).sub_(1))  # [num_reqs, 1]
     # p = 1 keeps everything, even where float32 rounding lifts the sum past 1.
-    return last.masked_fill_(~p_on.unsqueeze(1), float("-inf"))
+    last.masked_fill_(~p_on.unsqueeze(1), float("-inf"))
+    threshold = torch.maximum(threshold, last)
+
+    if width < vocab:
+        short = (cumulative[:, -1] < top_p) & p_on & ~k_on  # [num_reqs]
+        rows = short.nonzero().squeeze(1)  # [num_short]
+        if rows.numel():
+            threshold[rows] = _threshold(
+                logits[rows], k[rows], k_on[rows], top_p[rows], width * TOP_P_WIDEN
+            )
+    return threshold
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> None:
