@@ -1,0 +1,70 @@
+"""Factories for worker tests: tiny random checkpoints of each architecture, and workers over them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from worker_svc.config import WorkerConfig
+from worker_svc.worker import Worker
+
+TINY = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    # Wider than the default 0.02 so logits are peaked and greedy choices are not near-ties.
+    initializer_range=0.3,
+    tie_word_embeddings=False,
+)
+
+CONFIG_CLASSES = {
+    "llama": transformers.LlamaConfig,
+    "qwen2": transformers.Qwen2Config,
+    "qwen3": transformers.Qwen3Config,
+}
+
+
+def save_tiny_checkpoint(directory, architecture: str, **overrides) -> str:
+    torch.manual_seed(0)
+    config = CONFIG_CLASSES[architecture](**{**TINY, **overrides})
+    if architecture == "qwen3":
+        config.head_dim = 16
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    return str(directory)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory) -> dict[str, str]:
+    """{architecture: checkpoint dir}; the llama one uses Llama-3 rope scaling and tied embeddings."""
+    dirs = {}
+    for arch in CONFIG_CLASSES:
+        overrides = {}
+        if arch == "llama":
+            overrides = dict(
+                tie_word_embeddings=True,
+                rope_scaling={
+                    "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 64,
+                },
+            )  # fmt: skip
+        dirs[arch] = save_tiny_checkpoint(tmp_path_factory.mktemp(arch), arch, **overrides)
+    return dirs
+
+
+def tiny_worker(path: str, **overrides) -> Worker:
+    settings = dict(
+        model=path, dtype="float32", block_size=16, kv_cache_memory_bytes=4 << 20,
+        max_num_reqs=16, max_model_len=1024, max_num_batched_tokens=1024,
+    )  # fmt: skip
+    return Worker(WorkerConfig(**{**settings, **overrides}))
+
+
+@pytest.fixture()
+def llama_worker(tiny_checkpoints) -> Worker:
+    return tiny_worker(tiny_checkpoints["llama"])

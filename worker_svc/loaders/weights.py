@@ -1,0 +1,81 @@
+"""Builds the model from a checkpoint directory or a GGUF file; both go through one name map."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import gguf
+import torch
+
+from worker_svc.loaders import gguf_file, hf_checkpoint
+from worker_svc.models.config import ModelConfig
+from worker_svc.models.llama import LlamaForCausalLM
+
+# Hugging Face projections that the model holds fused: (fused name, position in the fusion).
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+def read_model_config(path: str) -> ModelConfig:
+    if path.endswith(".gguf"):
+        return gguf_file.read_config(gguf.GGUFReader(path))
+    return hf_checkpoint.read_config(path)
+
+
+def load_model(path: str, dtype: torch.dtype, device: str, max_position: int) -> LlamaForCausalLM:
+    if path.endswith(".gguf"):
+        reader = gguf.GGUFReader(path)
+        cfg = gguf_file.read_config(reader)
+        tensors: Iterable[tuple[str, torch.Tensor]] = gguf_file.iter_tensors(reader, cfg)
+    else:
+        cfg = hf_checkpoint.read_config(path)
+        tensors = hf_checkpoint.iter_tensors(path)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg, max_position)
+    model = model.to_empty(device=device)
+    model.tie_weights()
+    model.init_rotary(device)
+    load_weights(model, tensors)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copies Hugging Face-named tensors into the model, fusing q|k|v and gate|up on the way."""
+    params = dict(model.named_parameters())
+    parts: dict[str, dict[int, torch.Tensor]] = {}
+    loaded: set[str] = set()
+    for hf_name, tensor in tensors:
+        name = hf_name.removeprefix("model.")
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        match = re.fullmatch(r"(.*)\.(\w+_proj)\.(weight|bias)", name)
+        if match and match.group(2) in _FUSED:
+            prefix, proj, kind = match.groups()
+            fused, index = _FUSED[proj]
+            name = f"{prefix}.{fused}.{kind}"
+            parts.setdefault(name, {})[index] = tensor
+            pieces = parts[name]
+            if len(pieces) < (3 if fused == "qkv_proj" else 2):
+                continue
+            tensor = torch.cat([pieces[i] for i in sorted(pieces)], dim=0)
+            del parts[name]
+        if name not in params:
+            raise ValueError(f"checkpoint tensor {hf_name!r} has no place in the model")
+        if params[name].shape != tensor.shape:
+            raise ValueError(
+                f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(params[name].shape)}"
+            )
+        params[name].data.copy_(tensor)
+        loaded.add(name)
+    missing = set(params) - loaded
+    if model.config.tie_word_embeddings:
+        missing.discard("lm_head.weight")
+    if missing or parts:
+        raise ValueError(f"checkpoint lacks tensors: {sorted(missing | set(parts))[:8]}")

@@ -1,0 +1,265 @@
+"""The model runner: diffs the persistent batch, lays out the step's inputs, runs the model, samples.
+
+One step is two calls. execute_model() runs the forward pass, parks the logits and returns None;
+sample_tokens() unparks them, applies the grammar bitmask and samples. The scheduler builds the
+bitmask on its CPU in the window between the two.
+
+The protobuf SchedulerOutput is read directly here, on the hot path, instead of being copied into
+dataclasses first: at 256 running requests the copy would cost more than the diff it feeds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+import kernels
+from batchwire.v1 import worker_pb2
+from kernels import AttentionMetadata
+from worker_svc.config import WorkerConfig
+from worker_svc.forward_context import set_forward_context
+from worker_svc.input_batch import CachedRequestState, InputBatch
+from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.sampler import Sampler, SamplerOutput
+from worker_svc.validation import InvalidStepError, validate_grammar_output, validate_scheduler_output
+
+
+@dataclasses.dataclass(slots=True)
+class ExecuteModelState:
+    """Parked between execute_model() and sample_tokens()."""
+
+    scheduler_output: worker_pb2.SchedulerOutput
+    logits: torch.Tensor  # [num_reqs, vocab] float32, one row per request in batch order
+    discard: np.ndarray  # [num_reqs] bool: rows still mid-prefill, whose samples are dropped
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepLimits:
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_num_reqs: int
+    max_num_batched_tokens: int
+    max_logprobs: int
+
+
+class ModelRunner:
+    def __init__(self, config: WorkerConfig, model: LlamaForCausalLM, num_blocks: int) -> None:
+        self.config = config
+        self.model = model
+        self.device = torch.device(config.device)
+        self.vocab_size = model.config.vocab_size
+        self.limits = StepLimits(
+            self.vocab_size, num_blocks, config.block_size, config.max_model_len,
+            config.max_num_reqs, config.max_num_batched_tokens, config.max_logprobs,
+        )  # fmt: skip
+        self.requests: dict[str, CachedRequestState] = {}  # every request held, batched or not
+        self.input_batch = InputBatch(
+            config.max_num_reqs, config.max_model_len, config.max_num_batched_tokens,
+            config.block_size, self.vocab_size,
+        )  # fmt: skip
+        self.sampler = Sampler()
+        self.execute_model_state: ExecuteModelState | None = None
+        # Buffers sized once for the largest step; each step overwrites a prefix.
+        max_tokens, max_reqs = config.max_num_batched_tokens, config.max_num_reqs
+        self.arange_np = np.arange(max(max_tokens, max_reqs) + 1, dtype=np.int64)
+        self.positions_np = np.zeros(max_tokens, dtype=np.int64)  # [tokens]
+        self.positions = torch.from_numpy(self.positions_np)
+        self.input_ids = torch.zeros(max_tokens, dtype=torch.int32)  # [tokens]
+        self.query_start_loc_np = np.zeros(max_reqs + 1, dtype=np.int32)  # [reqs + 1]
+        self.seq_lens_np = np.zeros(max_reqs, dtype=np.int32)  # [reqs]
+
+    # -- the two calls ---------------------------------------------------------------------------
+
+    def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
+        if self.execute_model_state is not None:
+            raise RuntimeError("sample_tokens() must be called after execute_model() returns None")
+        validate_scheduler_output(so, self.requests, self.limits)
+        self._update_states(so)
+        if so.total_num_scheduled_tokens == 0:
+            return worker_pb2.ModelRunnerOutput()
+        logits_indices, discard, metadata = self._prepare_inputs(so)
+        num_tokens = so.total_num_scheduled_tokens
+        with torch.inference_mode(), set_forward_context(metadata):
+            hidden = self.model(self.input_ids[:num_tokens], self.positions[:num_tokens])
+            logits = self.model.compute_logits(hidden[logits_indices])  # [num_reqs, vocab]
+        self.execute_model_state = ExecuteModelState(so, logits, discard)
+        return None
+
+    def sample_tokens(self, grammar: worker_pb2.GrammarOutput | None) -> worker_pb2.ModelRunnerOutput:
+        state = self.execute_model_state
+        if state is None:
+            return worker_pb2.ModelRunnerOutput()
+        batch = self.input_batch
+        if grammar is not None and grammar.req_ids:
+            validate_grammar_output(grammar, batch.req_id_to_index, self.vocab_size)
+        self.execute_model_state = None
+        logits = state.logits
+        with torch.inference_mode():
+            if grammar is not None and grammar.req_ids:
+                rows = torch.tensor([batch.req_id_to_index[r] for r in grammar.req_ids])
+                words = np.frombuffer(grammar.bitmask, dtype="<i4").reshape(len(grammar.req_ids), -1)
+                kernels.apply_token_bitmask(logits, torch.from_numpy(words.copy()), rows)
+            sampled = self.sampler(logits, batch.sampling_metadata)
+        return self._record_sampled(sampled, state.discard)
+
+    def reset(self) -> None:
+        """Forgets every request and any parked step."""
+        for req_id in list(self.requests):
+            self.input_batch.remove_request(req_id)
+        self.requests.clear()
+        self.input_batch.condense()
+        self.execute_model_state = None
+
+    # -- the diff ------------------------------------------------------------------------------
+
+    def _update_states(self, so: worker_pb2.SchedulerOutput) -> None:
+        batch = self.input_batch
+        # Finished requests leave for good: the runner's record and the batch row.
+        for req_id in so.finished_req_ids:
+            self.requests.pop(req_id, None)
+            batch.remove_request(req_id)
+
+        # Held but not scheduled this step (preempted, or skipped): leave the batch, keep the state.
+        # Resumed requests count as unscheduled here so the resume path below re-adds them cleanly.
+        cached = so.scheduled_cached_reqs
+        scheduled = {r.req_id for r in so.scheduled_new_reqs}
+        scheduled.update(cached.req_ids)
+        scheduled.difference_update(cached.resumed_req_ids)
+        for req_id in batch.req_id_to_index.keys() - scheduled:
+            batch.remove_request(req_id)
+
+        to_add: list[CachedRequestState] = []
+        for new in so.scheduled_new_reqs:
+            state = CachedRequestState(
+                req_id=new.req_id,
+                prompt_token_ids=list(new.prompt_token_ids),
+                sampling=new.sampling,
+                generator=self._generator(new.sampling),
+                block_ids=list(new.block_ids),
+                num_computed_tokens=new.num_computed_tokens,
+            )
+            self.requests[new.req_id] = state
+            to_add.append(state)
+
+        resumed = set(cached.resumed_req_ids)
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests[req_id]
+            state.num_computed_tokens = cached.num_computed_tokens[i]
+            new_blocks = cached.new_block_ids[i].ids
+            if req_id in resumed:
+                state.block_ids = list(new_blocks)  # it lost its blocks: these are the whole table
+            else:
+                state.block_ids.extend(new_blocks)
+            row = batch.req_id_to_index.get(req_id)
+            if row is None:
+                to_add.append(state)
+                continue
+            batch.num_computed_tokens_np[row] = state.num_computed_tokens
+            if new_blocks:
+                batch.block_table.append_row(list(new_blocks), row)
+
+        for state in to_add:
+            batch.add_request(state)
+        batch.condense()
+
+    def _generator(self, sampling: worker_pb2.RequestSamplingParams) -> torch.Generator | None:
+        if not sampling.HasField("seed"):
+            return None
+        generator = torch.Generator(device="cpu")
+        generator.manual_seed(sampling.seed)
+        return generator
+
+    # -- the layout ----------------------------------------------------------------------------
+
+    def _num_scheduled_per_row(self, so: worker_pb2.SchedulerOutput) -> np.ndarray:
+        batch = self.input_batch
+        counts = np.zeros(batch.num_reqs, dtype=np.int64)  # [reqs]
+        for new in so.scheduled_new_reqs:
+            counts[batch.req_id_to_index[new.req_id]] = new.num_scheduled_tokens
+        cached = so.scheduled_cached_reqs
+        rows = [batch.req_id_to_index[r] for r in cached.req_ids]
+        counts[rows] = cached.num_scheduled_tokens
+        return counts
+
+    def _prepare_inputs(
+        self, so: worker_pb2.SchedulerOutput
+    ) -> tuple[torch.Tensor, np.ndarray, AttentionMetadata]:
+        batch = self.input_batch
+        num_reqs, num_tokens = batch.num_reqs, so.total_num_scheduled_tokens
+        num_scheduled = self._num_scheduled_per_row(so)  # [reqs]
+        req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled)  # [tokens]
+        cu_num_tokens = np.cumsum(num_scheduled)  # [reqs]
+        # Offset of each token inside its request's slice of this step: 0, 1, .. per request.
+        query_pos = self.arange_np[:num_tokens] - np.repeat(cu_num_tokens - num_scheduled, num_scheduled)
+        computed = batch.num_computed_tokens_np[:num_reqs]
+        positions = self.positions_np[:num_tokens]
+        np.add(computed[req_indices], query_pos, out=positions)
+
+        # One gather pulls every scheduled token id out of the [rows, max_model_len] buffer.
+        token_indices = torch.from_numpy(positions + req_indices * batch.token_ids_np.shape[1])
+        torch.index_select(batch.token_ids.view(-1), 0, token_indices, out=self.input_ids[:num_tokens])
+
+        query_start_loc = self.query_start_loc_np
+        query_start_loc[0] = 0
+        query_start_loc[1 : num_reqs + 1] = cu_num_tokens
+        query_start_loc[num_reqs + 1 :] = num_tokens  # padded non-decreasing for the kernels
+        seq_lens = self.seq_lens_np[:num_reqs]
+        np.add(computed, num_scheduled, out=seq_lens)
+        # Rows that will still be short of their tokens after this step are mid-prefill.
+        discard = seq_lens < batch.num_tokens_np[:num_reqs]  # [reqs]
+        logits_indices = torch.from_numpy(cu_num_tokens - 1)  # [reqs] last token of each slice
+
+        slot_mapping = batch.block_table.compute_slot_mapping(req_indices, positions)
+        max_seq_len = int(seq_lens.max())
+        metadata = AttentionMetadata(
+            num_actual_tokens=num_tokens,
+            query_start_loc=torch.from_numpy(query_start_loc[: num_reqs + 1]),
+            seq_lens=torch.from_numpy(seq_lens),
+            block_table=batch.block_table.rows(num_reqs),
+            slot_mapping=slot_mapping,
+            max_query_len=int(num_scheduled.max()),
+            max_seq_len=max_seq_len,
+            query_start_loc_cpu=query_start_loc[: num_reqs + 1],
+            seq_lens_cpu=seq_lens,
+        )
+        return logits_indices, discard, metadata
+
+    # -- the output ----------------------------------------------------------------------------
+
+    def _record_sampled(self, sampled: SamplerOutput, discard: np.ndarray) -> worker_pb2.ModelRunnerOutput:
+        """Appends each kept token to its request and builds the reply; discarded rows get []."""
+        batch = self.input_batch
+        tokens = sampled.sampled_token_ids.tolist()
+        out = worker_pb2.ModelRunnerOutput()
+        req_ids = batch.req_ids[: batch.num_reqs]
+        out.req_ids.extend(req_ids)  # type: ignore[arg-type]
+        logprobs = sampled.logprobs
+        want_logprobs = [s is not None and s.sampling.HasField("logprobs") for s in batch.states[: len(tokens)]]
+        for row, token in enumerate(tokens):
+            entry = out.sampled_token_ids.add()
+            if discard[row]:
+                continue
+            entry.ids.append(token)
+            state = batch.states[row]
+            assert state is not None
+            state.output_token_ids.append(token)
+            batch.append_token(row, token)
+        if logprobs is not None and any(want_logprobs):
+            ids, values, ranks = logprobs.token_ids.tolist(), logprobs.logprobs.tolist(), logprobs.sampled_rank.tolist()
+            for row in range(len(tokens)):
+                entry = out.logprobs.add()
+                state = batch.states[row]
+                if discard[row] or not want_logprobs[row] or state is None:
+                    continue
+                n = 1 + state.sampling.logprobs
+                entry.token_ids.extend(ids[row][:n])
+                entry.logprobs.extend(values[row][:n])
+                entry.sampled_token_rank = ranks[row]
+        return out
+
+
+__all__ = ["ModelRunner", "InvalidStepError"]

@@ -1,0 +1,155 @@
+"""Checks a step's messages against the runner's state before anything is mutated.
+
+A bad SchedulerOutput or GrammarOutput is refused whole, so the persistent batch stays as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+from batchwire.v1 import worker_pb2
+
+
+class InvalidStepError(ValueError):
+    """The scheduler sent a step this worker cannot run; nothing was changed."""
+
+
+class _KnownRequest(Protocol):
+    @property
+    def num_tokens(self) -> int: ...
+
+    block_ids: list[int]
+
+
+class StepLimits(Protocol):
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+    max_model_len: int
+    max_num_reqs: int
+    max_num_batched_tokens: int
+    max_logprobs: int
+
+
+def validate_scheduler_output(
+    so: worker_pb2.SchedulerOutput,
+    requests: Mapping[str, _KnownRequest],
+    limits: StepLimits,
+) -> None:
+    finished = set(so.finished_req_ids)
+    seen: set[str] = set()
+    total = 0
+    for new in so.scheduled_new_reqs:
+        where = f"new request {new.req_id!r}"
+        _check_id(new.req_id, where, seen)
+        if new.req_id in requests and new.req_id not in finished:
+            raise InvalidStepError(f"{where} is already running on this worker")
+        n_prompt = len(new.prompt_token_ids)
+        if not 0 < n_prompt < limits.max_model_len:
+            raise InvalidStepError(
+                f"{where}: prompt length {n_prompt} must be in [1, max_model_len={limits.max_model_len})"
+            )
+        _check_tokens(new.prompt_token_ids, limits.vocab_size, where)
+        _check_blocks(new.block_ids, limits, where)
+        _check_counts(new.num_computed_tokens, new.num_scheduled_tokens, n_prompt, where)
+        _check_coverage(len(new.block_ids), new.num_computed_tokens + new.num_scheduled_tokens, limits, where)
+        if new.sampling.HasField("logprobs") and not 0 <= new.sampling.logprobs <= limits.max_logprobs:
+            raise InvalidStepError(
+                f"{where}: logprobs={new.sampling.logprobs} outside [0, {limits.max_logprobs}]"
+            )
+        total += new.num_scheduled_tokens
+
+    cached = so.scheduled_cached_reqs
+    n = len(cached.req_ids)
+    for field in ("new_block_ids", "num_computed_tokens", "num_scheduled_tokens"):
+        if len(getattr(cached, field)) != n:
+            raise InvalidStepError(
+                f"scheduled_cached_reqs.{field} has {len(getattr(cached, field))} entries "
+                f"for {n} req_ids"
+            )
+    resumed = set(cached.resumed_req_ids)
+    if not resumed <= set(cached.req_ids):
+        raise InvalidStepError(f"resumed_req_ids {sorted(resumed - set(cached.req_ids))} are not scheduled")
+    for i, req_id in enumerate(cached.req_ids):
+        where = f"cached request {req_id!r}"
+        _check_id(req_id, where, seen)
+        state = requests.get(req_id)
+        if state is None or req_id in finished:
+            raise InvalidStepError(f"{where} is unknown to this worker")
+        new_blocks = cached.new_block_ids[i].ids
+        _check_blocks(new_blocks, limits, where)
+        _check_counts(cached.num_computed_tokens[i], cached.num_scheduled_tokens[i], state.num_tokens, where)
+        will_sample = cached.num_computed_tokens[i] + cached.num_scheduled_tokens[i] == state.num_tokens
+        if will_sample and state.num_tokens >= limits.max_model_len:
+            raise InvalidStepError(f"{where} already holds max_model_len={limits.max_model_len} tokens")
+        num_blocks = len(new_blocks) + (0 if req_id in resumed else len(state.block_ids))
+        needed = cached.num_computed_tokens[i] + cached.num_scheduled_tokens[i]
+        _check_coverage(num_blocks, needed, limits, where)
+        total += cached.num_scheduled_tokens[i]
+
+    if total != so.total_num_scheduled_tokens:
+        raise InvalidStepError(
+            f"total_num_scheduled_tokens is {so.total_num_scheduled_tokens}, the requests add up to {total}"
+        )
+    if total > limits.max_num_batched_tokens:
+        raise InvalidStepError(
+            f"{total} tokens scheduled, above max_num_batched_tokens={limits.max_num_batched_tokens}"
+        )
+    if len(seen) > limits.max_num_reqs:
+        raise InvalidStepError(f"{len(seen)} requests scheduled, above max_num_reqs={limits.max_num_reqs}")
+
+
+def validate_grammar_output(
+    g: worker_pb2.GrammarOutput, batch_req_ids: Mapping[str, int], vocab_size: int
+) -> None:
+    words = -(-vocab_size // 32)
+    expected = len(g.req_ids) * words * 4
+    if len(g.bitmask) != expected:
+        raise InvalidStepError(
+            f"grammar bitmask has {len(g.bitmask)} bytes; {len(g.req_ids)} rows of {words} int32 "
+            f"words need {expected}"
+        )
+    unknown = [r for r in g.req_ids if r not in batch_req_ids]
+    if unknown:
+        raise InvalidStepError(f"grammar bitmask names requests not in this step: {unknown[:4]}")
+
+
+def _check_id(req_id: str, where: str, seen: set[str]) -> None:
+    if not req_id:
+        raise InvalidStepError(f"{where}: empty req_id")
+    if req_id in seen:
+        raise InvalidStepError(f"{where} is scheduled twice in one step")
+    seen.add(req_id)
+
+
+def _check_tokens(token_ids: Sequence[int], vocab_size: int, where: str) -> None:
+    bad = [t for t in token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidStepError(f"{where}: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+
+
+def _check_blocks(block_ids: Sequence[int], limits: StepLimits, where: str) -> None:
+    # Block 0 is the scheduler's reserved null block and never holds a request's tokens.
+    bad = [b for b in block_ids if not 0 < b < limits.num_blocks]
+    if bad:
+        raise InvalidStepError(f"{where}: block id {bad[0]} outside the pool [1, {limits.num_blocks})")
+
+
+def _check_counts(computed: int, scheduled: int, num_tokens: int, where: str) -> None:
+    if computed < 0 or scheduled < 0:
+        raise InvalidStepError(f"{where}: negative token count (computed {computed}, scheduled {scheduled})")
+    if computed + scheduled > num_tokens:
+        raise InvalidStepError(
+            f"{where}: {computed} computed + {scheduled} scheduled tokens exceed the "
+            f"request's {num_tokens} tokens"
+        )
+
+
+def _check_coverage(num_blocks: int, num_tokens: int, limits: StepLimits, where: str) -> None:
+    if num_blocks * limits.block_size < num_tokens:
+        raise InvalidStepError(
+            f"{where}: {num_blocks} blocks of {limits.block_size} cannot hold {num_tokens} tokens"
+        )
+    if num_blocks > -(-limits.max_model_len // limits.block_size):
+        raise InvalidStepError(f"{where}: {num_blocks} blocks exceed max_model_len={limits.max_model_len}")
