@@ -1,8 +1,14 @@
 """Paged attention over a mixed batch of prefill chunks and decode rows, one varlen launch."""
 
+import math
+import os
+
 import torch
 
+from kernels._checks import FLOAT_DTYPES, check_shape, check_tensor
+from kernels._triton import tl, triton
 from kernels.attention_metadata import AttentionMetadata
+from kernels.backend import use_triton
 from kernels.paged_attention_cpu import paged_attention_torch
 
 
@@ -17,6 +23,8 @@ def paged_attention(
 
     Returns [num_tokens, num_q_heads, head_dim] in query's dtype; padding rows are zero.
     """
+    if use_triton(query):
+        return paged_attention_triton(query, k_cache, v_cache, metadata, scale)
     return paged_attention_torch(query, k_cache, v_cache, metadata, scale)
 
 
@@ -48,3 +56,354 @@ def paged_attention_reference(
         out[start:end] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).to(query.dtype)
     return out
 
+
+
+@triton.jit
+def _find_request(qsl_ptr, num_reqs, q_block, BLOCK_Q: tl.constexpr):
+    # Request r's query blocks are numbered from qsl[r] // BLOCK_Q + r: no host-side prefix sum
+    # is needed, at the cost of at most one idle program per request. Binary search for r.
+    lo = num_reqs * 0
+    hi = num_reqs - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= q_block:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@triton.jit
+def _attend_tile(
+    q,  # [BLOCK_M, HEAD_DIM_P2]
+    q_pos,  # [BLOCK_M] position of each query row; keys after it are masked
+    m_i,  # [BLOCK_M] running max (base 2)
+    l_i,  # [BLOCK_M] running sum
+    acc,  # [BLOCK_M, HEAD_DIM_P2] float32
+    start,
+    kv_end,
+    bt_row,
+    k_base,
+    v_base,
+    stride_kb,
+    stride_ks,
+    stride_vb,
+    stride_vs,
+    scale_log2,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    d = tl.arange(0, HEAD_DIM_P2)
+    d_ok = d < HEAD_DIM
+    n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
+    n_ok = n < kv_end
+    block = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
+    k_off = block * stride_kb + (n % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
+    v_off = block * stride_vb + (n % BLOCK_SIZE) * stride_vs
+    k = tl.load(k_base + k_off[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
+    if DOT_IN_FP32:
+        q = q.to(tl.float32)
+        k = k.to(tl.float32)
+    s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+    s = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp2(s - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    v = tl.load(v_base + v_off[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
+    if DOT_IN_FP32:
+        v = v.to(tl.float32)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i * alpha + tl.sum(p, 1), acc
+
+
+@triton.jit
+def _paged_attention_kernel(
+    out_ptr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    scale_log2,
+    num_reqs,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    # One program: BLOCK_Q query tokens of one request x the GROUP query heads of one KV head,
+    # flattened into BLOCK_M rows (row = token * GROUP + head), so K/V are read once per group.
+    q_block = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    req = _find_request(qsl_ptr, num_reqs, q_block, BLOCK_Q)
+    q_start = tl.load(qsl_ptr + req)
+    q_len = tl.load(qsl_ptr + req + 1) - q_start
+    local = q_block - (q_start // BLOCK_Q + req)
+    if local * BLOCK_Q >= q_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    prefix = seq_len - q_len  # keys already cached before this step's chunk
+
+    m = tl.arange(0, BLOCK_M)
+    tok = local * BLOCK_Q + m // GROUP  # [BLOCK_M] token index within the request
+    head = kv_head * GROUP + m % GROUP  # [BLOCK_M] query head
+    row_ok = (m < BLOCK_Q * GROUP) & (tok < q_len)
+    d = tl.arange(0, HEAD_DIM_P2)
+    d_ok = d < HEAD_DIM
+    rows = (q_start + tok).to(tl.int64)
+    q_off = rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_pos = prefix + tok
+    # Keys past the tile's last query position are masked for every row: stop before them.
+    kv_end = tl.minimum(seq_len, prefix + (local + 1) * BLOCK_Q)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], tl.float32)
+    bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    # Key 0 is in the first tile and visible to every row, so m_i is finite from then on.
+    for start in range(0, kv_end, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, q_pos, m_i, l_i, acc, start, kv_end, bt_row, k_base, v_base,
+            stride_kb, stride_ks, stride_vb, stride_vs, scale_log2,
+            HEAD_DIM, HEAD_DIM_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, DOT_IN_FP32,
+        )  # fmt: skip
+    acc = acc / l_i[:, None]
+    o_off = rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+    o_ok = row_ok[:, None] & d_ok[None, :]
+    tl.store(out_ptr + o_off, acc.to(out_ptr.dtype.element_ty), mask=o_ok)
+
+
+@triton.jit
+def _paged_decode_split_kernel(
+    part_out_ptr,  # [num_reqs, num_q_heads, NUM_SPLITS, HEAD_DIM_P2] float32, normalised per split
+    part_lse_ptr,  # [num_reqs, num_q_heads, NUM_SPLITS] float32, base-2 log-sum-exp per split
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    qsl_ptr,
+    scale_log2,
+    num_q_heads,
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    NUM_SPLITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    DOT_IN_FP32: tl.constexpr,
+):
+    # Decode only (one query token per request): few requests with long contexts would leave
+    # most SMs idle, so each (request, KV head) is also split over NUM_SPLITS key ranges.
+    req = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start = tl.load(qsl_ptr + req)
+    if tl.load(qsl_ptr + req + 1) == q_start:
+        return
+    seq_len = tl.load(seq_lens_ptr + req)
+    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = split * per_split
+    hi = tl.minimum(seq_len, lo + per_split)  # split 0 is never empty
+
+    m = tl.arange(0, BLOCK_M)
+    head = kv_head * GROUP + m
+    row_ok = m < GROUP
+    d = tl.arange(0, HEAD_DIM_P2)
+    d_ok = d < HEAD_DIM
+    q_off = q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :]
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q_pos = tl.zeros([BLOCK_M], tl.int32) + seq_len - 1
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], tl.float32)
+    bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
+    k_base = k_cache_ptr + kv_head * stride_kh
+    v_base = v_cache_ptr + kv_head * stride_vh
+    for start in range(lo, hi, BLOCK_N):
+        m_i, l_i, acc = _attend_tile(
+            q, q_pos, m_i, l_i, acc, start, hi, bt_row, k_base, v_base,
+            stride_kb, stride_ks, stride_vb, stride_vs, scale_log2,
+            HEAD_DIM, HEAD_DIM_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, DOT_IN_FP32,
+        )  # fmt: skip
+    empty = l_i == 0.0  # a split past the end of a short context
+    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
+    part = (req * num_q_heads + head).to(tl.int64) * NUM_SPLITS + split  # [BLOCK_M]
+    tl.store(part_lse_ptr + part, lse, mask=row_ok)
+    part_off = part[:, None] * HEAD_DIM_P2 + d[None, :]
+    tl.store(part_out_ptr + part_off, acc, mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _paged_decode_reduce_kernel(
+    out_ptr,
+    part_out_ptr,
+    part_lse_ptr,
+    qsl_ptr,
+    num_q_heads,
+    stride_ot,
+    stride_oh,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_P2: tl.constexpr,
+):
+    req = tl.program_id(0)
+    head = tl.program_id(1)
+    q_start = tl.load(qsl_ptr + req)
+    if tl.load(qsl_ptr + req + 1) == q_start:
+        return
+    s = tl.arange(0, SPLITS_P2)
+    d = tl.arange(0, HEAD_DIM_P2)
+    part = (req * num_q_heads + head).to(tl.int64) * NUM_SPLITS + s  # [SPLITS_P2]
+    lse = tl.load(part_lse_ptr + part, mask=s < NUM_SPLITS, other=float("-inf"))
+    weight = tl.exp2(lse - tl.max(lse, 0))  # empty splits weigh 0
+    parts = tl.load(
+        part_out_ptr + part[:, None] * HEAD_DIM_P2 + d[None, :],
+        mask=(s < NUM_SPLITS)[:, None],
+        other=0.0,
+    )  # [SPLITS_P2, HEAD_DIM_P2]
+    o = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
+    o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh + d
+    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+_SM_COUNT: dict[torch.device, int] = {}
+
+
+def _num_kv_splits(query: torch.Tensor, num_reqs: int, num_kv_heads: int, max_seq_len: int) -> int:
+    """Enough splits to give the device about two programs per SM, each of >= 512 keys."""
+    if not query.is_cuda:
+        return 1
+    if query.device not in _SM_COUNT:
+        props = torch.cuda.get_device_properties(query.device)
+        _SM_COUNT[query.device] = props.multi_processor_count
+    wanted = triton.cdiv(2 * _SM_COUNT[query.device], max(1, num_reqs * num_kv_heads))
+    splits = min(wanted, max_seq_len // 512, 64)
+    return 1 if splits < 2 else 1 << (splits.bit_length() - 1)
+
+
+def paged_attention_triton(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    num_kv_splits: int | None = None,  # decode-only batches; None = chosen from the shapes
+) -> torch.Tensor:
+    check_tensor("query", query, 3, FLOAT_DTYPES)
+    device = query.device
+    num_tokens, num_q_heads, head_dim = query.shape
+    check_tensor("k_cache", k_cache, 4, (query.dtype,), device)
+    check_tensor("v_cache", v_cache, 4, (query.dtype,), device)
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    _, block_size, num_kv_heads, cache_head_dim = k_cache.shape
+    if cache_head_dim != head_dim or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"query {tuple(query.shape)} does not fit the cache {tuple(k_cache.shape)}: head_dim "
+            "must match and num_q_heads be a multiple of num_kv_heads"
+        )
+    num_reqs = len(metadata.seq_lens_cpu)
+    check_tensor("block_table", metadata.block_table, 2, (torch.int32,), device)
+    check_tensor("seq_lens", metadata.seq_lens, 1, (torch.int32,), device)
+    check_tensor("query_start_loc", metadata.query_start_loc, 1, (torch.int32,), device)
+    check_shape("seq_lens", metadata.seq_lens, (num_reqs,))
+    check_shape("query_start_loc", metadata.query_start_loc, (num_reqs + 1,))
+
+    out = torch.empty_like(query)
+    if metadata.num_actual_tokens < num_tokens:
+        out[metadata.num_actual_tokens :].zero_()
+    if num_reqs == 0 or metadata.num_actual_tokens == 0:
+        return out
+    group = num_q_heads // num_kv_heads
+    head_dim_p2 = triton.next_power_of_2(head_dim)
+    common = dict(
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_P2=head_dim_p2,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=64 if head_dim_p2 <= 128 else 32,
+        # float32 caches get exact float32 dots; tf32 would cost them ~3 decimal digits.
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        # The Triton interpreter multiplies bfloat16 dot operands as their raw uint16 bits.
+        DOT_IN_FP32=query.dtype == torch.bfloat16 and os.environ.get("TRITON_INTERPRET") == "1",
+        num_warps=4,
+    )
+    scale_log2 = scale * math.log2(math.e)  # softmax in base 2: exp2 is the fast instruction
+    cache_strides = (*k_cache.stride()[:3], *v_cache.stride()[:3])
+    bt, seq_lens, qsl = metadata.block_table, metadata.seq_lens, metadata.query_start_loc
+
+    if metadata.max_query_len == 1:
+        if num_kv_splits is None:
+            num_kv_splits = _num_kv_splits(query, num_reqs, num_kv_heads, metadata.max_seq_len)
+        if num_kv_splits > 1:
+            parts = (num_reqs, num_q_heads, num_kv_splits)
+            part_out = torch.empty(*parts, head_dim_p2, dtype=torch.float32, device=device)
+            part_lse = torch.empty(*parts, dtype=torch.float32, device=device)
+            _paged_decode_split_kernel[(num_reqs, num_kv_heads, num_kv_splits)](
+                part_out, part_lse, query, k_cache, v_cache, bt, seq_lens, qsl,
+                scale_log2, num_q_heads, query.stride(0), query.stride(1),
+                *cache_strides, bt.stride(0),
+                NUM_SPLITS=num_kv_splits,
+                BLOCK_M=max(16, triton.next_power_of_2(group)),
+                **common,
+            )  # fmt: skip
+            _paged_decode_reduce_kernel[(num_reqs, num_q_heads)](
+                out, part_out, part_lse, qsl, num_q_heads, out.stride(0), out.stride(1),
+                NUM_SPLITS=num_kv_splits,
+                SPLITS_P2=triton.next_power_of_2(num_kv_splits),
+                HEAD_DIM=head_dim,
+                HEAD_DIM_P2=head_dim_p2,
+            )  # fmt: skip
+            return out
+
+    # Wide tiles pay off for prefill chunks; a decode row fills only GROUP rows of a tile.
+    block_m = max(64 if metadata.max_query_len * group > 16 else 16, triton.next_power_of_2(group))
+    block_q = block_m // group
+    grid = (num_tokens // block_q + num_reqs, num_kv_heads)
+    _paged_attention_kernel[grid](
+        out, query, k_cache, v_cache, bt, seq_lens, qsl, scale_log2, num_reqs,
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        *cache_strides, bt.stride(0),
+        BLOCK_Q=block_q,
+        BLOCK_M=block_m,
+        **common,
+    )  # fmt: skip
+    return out

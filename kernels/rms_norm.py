@@ -2,6 +2,10 @@
 
 import torch
 
+from kernels._checks import FLOAT_DTYPES, check_shape, check_tensor
+from kernels._triton import tl, triton
+from kernels.backend import use_triton
+
 
 def rms_norm(
     x: torch.Tensor,  # [num_tokens, hidden]
@@ -11,6 +15,8 @@ def rms_norm(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """norm(x) * weight; with `residual`: residual = x + residual and the result is
     (norm(residual) * weight, residual)."""
+    if use_triton(x):
+        return rms_norm_triton(x, weight, eps, residual)
     return rms_norm_torch(x, weight, eps, residual)
 
 
@@ -29,3 +35,68 @@ def rms_norm_torch(
     out = (xf * torch.rsqrt(variance + eps) * weight.float()).to(x.dtype)
     return out if residual is None else (out, residual)
 
+
+@triton.jit
+def _rms_norm_kernel(
+    out_ptr,
+    x_ptr,
+    residual_ptr,  # read when HAS_RESIDUAL
+    residual_out_ptr,  # written when HAS_RESIDUAL
+    weight_ptr,
+    hidden,
+    eps,
+    stride_out,
+    stride_x,
+    stride_res,
+    stride_res_out,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < hidden
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        res = tl.load(residual_ptr + row * stride_res + cols, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + res.to(tl.float32)).to(x.dtype)  # rounded like the reference
+        tl.store(residual_out_ptr + row * stride_res_out + cols, x, mask=mask)
+    xf = x.to(tl.float32)
+    variance = tl.sum(xf * xf, axis=0) / hidden
+    w = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    y = xf * tl.rsqrt(variance + eps) * w
+    tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    check_tensor("x", x, 2, FLOAT_DTYPES)
+    num_tokens, hidden = x.shape
+    check_tensor("weight", weight, 1, FLOAT_DTYPES, x.device)
+    check_shape("weight", weight, (hidden,))
+    out = torch.empty_like(x)
+    residual_out = out  # unused placeholder pointer when there is no residual
+    if residual is not None:
+        check_tensor("residual", residual, 2, (x.dtype,), x.device)
+        check_shape("residual", residual, (num_tokens, hidden))
+        residual_out = torch.empty_like(x)
+    if num_tokens:
+        _rms_norm_kernel[(num_tokens,)](
+            out,
+            x,
+            residual if residual is not None else x,
+            residual_out,
+            weight,
+            hidden,
+            eps,
+            out.stride(0),
+            x.stride(0),
+            residual.stride(0) if residual is not None else 0,
+            residual_out.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=triton.next_power_of_2(hidden),
+        )
+    return out if residual is None else (out, residual_out)

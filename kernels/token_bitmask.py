@@ -2,13 +2,20 @@
 
 import torch
 
+from kernels._checks import check_tensor
+from kernels._triton import tl, triton
+from kernels.backend import use_triton
+
 
 def apply_token_bitmask(
     logits: torch.Tensor,  # [num_rows, vocab] float32, changed in place
     bitmask: torch.Tensor,  # [k, ceil(vocab / 32)] int32; bit j of word i allows token 32 * i + j
     row_indices: torch.Tensor | None = None,  # [k] int64: logits row of each bitmask row
 ) -> None:
-    apply_token_bitmask_torch(logits, bitmask, row_indices)
+    if use_triton(logits):
+        apply_token_bitmask_triton(logits, bitmask, row_indices)
+    else:
+        apply_token_bitmask_torch(logits, bitmask, row_indices)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -31,3 +38,59 @@ def apply_token_bitmask_torch(
         rows = logits.index_select(0, row_indices).masked_fill_(disallowed, float("-inf"))
         logits.index_copy_(0, row_indices, rows)
 
+
+
+@triton.jit
+def _token_bitmask_kernel(
+    logits_ptr,
+    bitmask_ptr,
+    row_indices_ptr,
+    vocab,
+    stride_logits,
+    stride_bitmask,
+    HAS_ROW_INDICES: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    mask_row = tl.program_id(0)
+    tokens = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
+    if HAS_ROW_INDICES:
+        row = tl.load(row_indices_ptr + mask_row)
+    else:
+        row = mask_row.to(tl.int64)
+    in_vocab = tokens < vocab
+    words = tl.load(bitmask_ptr + mask_row * stride_bitmask + tokens // 32, mask=in_vocab, other=-1)
+    allowed = ((words >> (tokens % 32)) & 1) != 0
+    tl.store(logits_ptr + row * stride_logits + tokens, float("-inf"), mask=in_vocab & ~allowed)
+
+
+def apply_token_bitmask_triton(
+    logits: torch.Tensor,
+    bitmask: torch.Tensor,
+    row_indices: torch.Tensor | None = None,
+) -> None:
+    check_tensor("logits", logits, 2, (torch.float32,))
+    num_rows, vocab = logits.shape
+    check_tensor("bitmask", bitmask, 2, (torch.int32,), logits.device)
+    k, words = bitmask.shape
+    if words != triton.cdiv(vocab, 32):
+        need = triton.cdiv(vocab, 32)
+        raise ValueError(f"bitmask has {words} words a row; a vocab of {vocab} needs {need}")
+    if row_indices is not None:
+        check_tensor("row_indices", row_indices, 1, (torch.int64,), logits.device, False)
+        if row_indices.shape[0] != k:
+            raise ValueError(f"row_indices has {row_indices.shape[0]} entries, bitmask {k} rows")
+    elif k > num_rows:
+        raise ValueError(f"bitmask has {k} rows but logits only {num_rows}")
+    if k == 0:
+        return
+    block = 1024
+    _token_bitmask_kernel[(k, triton.cdiv(vocab, block))](
+        logits,
+        bitmask,
+        row_indices if row_indices is not None else bitmask,
+        vocab,
+        logits.stride(0),
+        bitmask.stride(0),
+        HAS_ROW_INDICES=row_indices is not None,
+        BLOCK=block,
+    )
