@@ -100,11 +100,12 @@ def build_sampling_metadata(
         padded = [list(t) + [vocab_size] * (max_len - len(t)) for t in prompt_token_ids]
         prompts = torch.tensor(padded, dtype=torch.int64, device=device).view(num_reqs, max_len)
 
-    min_tokens = {
-        row: (p.min_tokens, list(p.stop_token_ids))
-        for row, p in enumerate(params)
-        if p.min_tokens > 0 and len(p.stop_token_ids) > 0
-    }
+    min_tokens: dict[int, tuple[int, list[int]]] = {}
+    for row, p in enumerate(params):
+        # An id outside the vocabulary can never be sampled, so it needs no mask.
+        stop_ids = [t for t in p.stop_token_ids if 0 <= t < vocab_size]
+        if p.min_tokens > 0 and stop_ids:
+            min_tokens[row] = (p.min_tokens, stop_ids)
     asked = [n for n in map(_logprobs_of, params) if n is not None]
 
     return SamplingMetadata(
