@@ -43,7 +43,7 @@ class Sampler:
         # logits: [num_reqs, vocab] float32; modified in place.
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
-            raw_logprobs = logits.log_softmax(dim=-1)  # [num_reqs, vocab]; a copy
+            raw_logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)  # [num_reqs, vocab]
 
         apply_min_tokens(logits, metadata)
         if not metadata.no_penalties:
@@ -73,7 +73,8 @@ class Sampler:
         if metadata.min_p is not None:
             apply_min_p(logits, metadata.min_p)
 
-        probs = logits.softmax(dim=-1)  # [num_reqs, vocab]
+        # float32 even for half-precision logits: the race needs fine-grained uniforms.
+        probs = logits.softmax(dim=-1, dtype=torch.float32)  # [num_reqs, vocab]
         random = self._exponential_race(probs, metadata.generators)  # [num_reqs]
         if greedy is None:
             return random
