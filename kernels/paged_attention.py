@@ -62,8 +62,10 @@ def paged_attention_reference(
 def _find_request(qsl_ptr, num_reqs, q_block, BLOCK_Q: tl.constexpr):
     # Request r's query blocks are numbered from qsl[r] // BLOCK_Q + r: no host-side prefix sum
     # is needed, at the cost of at most one idle program per request. Binary search for r.
-    lo = num_reqs * 0
-    hi = num_reqs - 1
+    # Built from program_id so both stay tensors even when num_reqs == 1 is specialised to a
+    # constant: loop-carried values must keep one type.
+    lo = q_block * 0
+    hi = lo + num_reqs - 1
     while lo < hi:
         mid = (lo + hi + 1) // 2
         if tl.load(qsl_ptr + mid) // BLOCK_Q + mid <= q_block:

@@ -72,7 +72,8 @@ def _reshape_and_cache_kernel(
     slot = tl.load(slot_mapping_ptr + token)
     if slot < 0:  # padding token
         return
-    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
+    block = slot // BLOCK_SIZE
+    offset = slot % BLOCK_SIZE
     h = tl.arange(0, NUM_HEADS_P2)[:, None]
     d = tl.arange(0, HEAD_DIM_P2)[None, :]
     mask = (h < num_kv_heads) & (d < HEAD_DIM)  # [NUM_HEADS_P2, HEAD_DIM_P2]
