@@ -66,10 +66,17 @@ def naive_loop(query, k_cache, v_cache, metadata, scale):
         slots = metadata.block_table[r, pos // BLOCK_SIZE].long() * BLOCK_SIZE + pos % BLOCK_SIZE
         k, v = k_flat[slots].transpose(0, 1), v_flat[slots].transpose(0, 1)  # [nkv, seq_len, hd]
         q = query[start:end].transpose(0, 1)  # [nq, query_len, hd]
-        q_pos = torch.arange(seq_len - (end - start), seq_len)
-        mask = pos[None, :] <= q_pos[:, None]  # [query_len, seq_len]
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-        out[start:end] = o.transpose(0, 1)
+        # The cheapest SDPA form for each row: no mask for a decode row, is_causal for a fresh
+        # prompt, an explicit mask only for a chunk after a cached prefix.
+        mask, causal = None, end - start > 1 and seq_len == end - start
+        if end - start > 1 and not causal:
+            q_pos = torch.arange(seq_len - (end - start), seq_len)
+            mask = pos[None, :] <= q_pos[:, None]  # [query_len, seq_len]
+        o = F.scaled_dot_product_attention(
+            q[None], k[None], v[None], attn_mask=mask, is_causal=causal, scale=scale,
+            enable_gqa=True,
+        )  # fmt: skip  # 4-d: 3-d inputs take CPU SDPA's slow math path
+        out[start:end] = o[0].transpose(0, 1)
     return out
 
 
