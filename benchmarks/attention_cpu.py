@@ -3,9 +3,10 @@
     .venv/bin/python benchmarks/attention_cpu.py [--repeats 15]
 
 Shapes are SmolLM2-135M's attention (9 query / 3 KV heads, head_dim 64), block size 16.
-Workloads: 64 decode rows with 512 tokens of context each, and a mixed step (4 prompt chunks of
-128 tokens, two with 256 cached tokens before them, plus 60 decode rows of 512). Times are per
-layer, medians; the plan is built once per step and its cost is shown on its own.
+Workloads: 64 decode rows with 512 tokens of context each; a mixed step (4 prompt chunks of
+128 tokens, two with 256 cached tokens before them, plus 60 decode rows of 512); and 64 decode
+rows with contexts uniform in [32, 384] as in the W64 workload. Times are per layer, medians of
+interleaved runs; the plan is built once per step and its cost is shown on its own.
 """
 
 from __future__ import annotations
@@ -123,9 +124,11 @@ def main() -> None:
     torch.manual_seed(0)
     decode = ([1] * 64, [512] * 64)
     mixed = ([128] * 4 + [1] * 60, [128, 128, 384, 384] + [512] * 60)
+    w64 = ([1] * 64, np.random.default_rng(0).integers(32, 385, size=64).tolist())
     for dtype in (torch.bfloat16, torch.float32):
         run("decode 64 x 512", *decode, dtype, args.repeats)
         run("mixed 4x128 prefill + 60 dec", *mixed, dtype, args.repeats)
+        run("decode 64 x [32, 384]", *w64, dtype, args.repeats)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 A step's rows split into decode rows (one query token) and prefill rows (a prompt chunk that
 attends to its cached prefix and causally to itself). The split and every index tensor are
 built once per step into an `AttentionPlan` that all layers reuse (`metadata.plan`):
-- decode rows are batched: their K/V blocks are gathered with one index_select into
-  [num_decode, max_blocks * block_size] and attended with one SDPA call under a length mask,
-  the GQA group of query heads standing in as the query length (no K/V head expansion);
+- decode rows are batched: sorted into a few groups of similar length (so padding at most
+  doubles the keys read), each group's K/V blocks gathered with one index_select into
+  [rows, max_blocks * block_size] and attended with one SDPA call under a length mask, the GQA
+  group of query heads standing in as the query length (no K/V head expansion);
 - prefill rows (few per step) get one SDPA call each, causal with the cached prefix as offset.
 """
 
@@ -21,6 +22,14 @@ from kernels.attention_metadata import AttentionMetadata
 
 
 @dataclasses.dataclass(slots=True)
+class DecodeGroup:
+    num_rows: int
+    tokens: torch.Tensor | slice  # [num_rows] int64 token indices, a slice when contiguous
+    blocks: torch.Tensor  # [num_rows * max_blocks] int64 cache blocks, 0 past a row's seq_len
+    mask: torch.Tensor  # [num_rows, 1, 1, max_blocks * block_size] bool, True = attend
+
+
+@dataclasses.dataclass(slots=True)
 class PrefillRow:
     start: int  # first token of the request in the step's token dim
     end: int
@@ -33,20 +42,18 @@ class PrefillRow:
 class AttentionPlan:
     block_size: int
     num_actual_tokens: int
-    # Decode rows; decode_tokens is a slice when they are contiguous (the usual batch order).
-    num_decode: int
-    decode_tokens: torch.Tensor | slice  # [num_decode] int64 token indices
-    decode_blocks: torch.Tensor  # [num_decode * max_blocks] int64, 0 past a row's seq_len
-    decode_mask: torch.Tensor  # [num_decode, 1, 1, max_blocks * block_size] bool, True = attend
+    decode_groups: list[DecodeGroup]
     prefills: list[PrefillRow]
     # Gather buffers reused by every layer: fresh ones per layer cost page faults on CPU.
     workspace: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = dataclasses.field(
         default_factory=dict
     )
 
-    def gather_buffers(self, k_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (self.decode_blocks.numel(), *k_cache.shape[1:])
-        key = (k_cache.dtype, k_cache.device, shape)
+    def gather_buffers(
+        self, group: int, k_cache: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (self.decode_groups[group].blocks.numel(), *k_cache.shape[1:])
+        key = (group, k_cache.dtype, k_cache.device, shape)
         if key not in self.workspace:
             buffer = torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device)
             self.workspace[key] = (buffer, torch.empty_like(buffer))
@@ -59,6 +66,39 @@ def _as_slice(tokens: np.ndarray) -> slice | None:
     return None
 
 
+def _split_by_length(num_blocks: np.ndarray) -> list[np.ndarray]:
+    """Row indices in groups where every row needs more than half the group's longest row."""
+    order = np.argsort(-num_blocks, kind="stable")
+    groups, first = [], 0
+    for i in range(1, len(order) + 1):
+        if i == len(order) or 2 * num_blocks[order[i]] <= num_blocks[order[first]]:
+            groups.append(np.sort(order[first:i]))  # token order: sequential writes
+            first = i
+    return groups
+
+
+def _decode_group(
+    metadata: AttentionMetadata, reqs_np: np.ndarray, tokens_np: np.ndarray, block_size: int
+) -> DecodeGroup:
+    device = metadata.block_table.device
+    seq_lens = metadata.seq_lens_cpu[reqs_np].astype(np.int64)
+    max_blocks = int(-(-seq_lens.max() // block_size))
+    reqs = torch.from_numpy(reqs_np).to(device)
+    lens = torch.from_numpy(seq_lens).to(device)  # [rows]
+    # Block ids past a row's length may be garbage (even out of range): replace them by block 0.
+    table = metadata.block_table.index_select(0, reqs)[:, :max_blocks].long()
+    block_start = torch.arange(max_blocks, device=device) * block_size  # [max_blocks]
+    table = table.masked_fill(block_start >= lens[:, None], 0)  # [rows, max_blocks]
+    key_pos = torch.arange(max_blocks * block_size, device=device)
+    tokens = _as_slice(tokens_np)
+    return DecodeGroup(
+        num_rows=len(reqs_np),
+        tokens=tokens if tokens is not None else torch.from_numpy(tokens_np).to(device),
+        blocks=table.reshape(-1),
+        mask=(key_pos < lens[:, None])[:, None, None, :],
+    )
+
+
 def build_plan(metadata: AttentionMetadata, block_size: int) -> AttentionPlan:
     device = metadata.block_table.device
     qsl = metadata.query_start_loc_cpu.astype(np.int64)  # [num_reqs + 1]
@@ -66,20 +106,10 @@ def build_plan(metadata: AttentionMetadata, block_size: int) -> AttentionPlan:
     query_lens = qsl[1:] - qsl[:-1]  # [num_reqs]
 
     decode_reqs = np.flatnonzero(query_lens == 1)  # per request
-    decode_tokens_np = qsl[decode_reqs]  # per token
-    num_decode = len(decode_reqs)
-    max_blocks = int(-(-seq_lens[decode_reqs].max() // block_size)) if num_decode else 0
-    reqs = torch.from_numpy(decode_reqs).to(device)
-    lens = torch.from_numpy(seq_lens[decode_reqs]).to(device)  # [num_decode]
-    # Block ids past a row's length may be garbage (even out of range): replace them by block 0.
-    table = metadata.block_table.index_select(0, reqs)[:, :max_blocks].long()
-    block_start = torch.arange(max_blocks, device=device) * block_size  # [max_blocks]
-    table = table.masked_fill(block_start >= lens[:, None], 0)  # [num_decode, max_blocks]
-    key_pos = torch.arange(max_blocks * block_size, device=device)
-    decode_mask = (key_pos < lens[:, None])[:, None, None, :]
-    decode_tokens = _as_slice(decode_tokens_np)
-    if decode_tokens is None:
-        decode_tokens = torch.from_numpy(decode_tokens_np).to(device)
+    decode_groups = [
+        _decode_group(metadata, decode_reqs[rows], qsl[decode_reqs[rows]], block_size)
+        for rows in _split_by_length(-(-seq_lens[decode_reqs] // block_size))
+    ]
 
     prefills = []
     for r in np.flatnonzero(query_lens > 1):
@@ -94,15 +124,7 @@ def build_plan(metadata: AttentionMetadata, block_size: int) -> AttentionPlan:
             mask = pos[None, :] <= q_pos[:, None]
         prefills.append(PrefillRow(int(qsl[r]), int(qsl[r + 1]), slots, mask))
 
-    return AttentionPlan(
-        block_size=block_size,
-        num_actual_tokens=int(qsl[-1]),
-        num_decode=num_decode,
-        decode_tokens=decode_tokens,
-        decode_blocks=table.reshape(-1),
-        decode_mask=decode_mask,
-        prefills=prefills,
-    )
+    return AttentionPlan(block_size, int(qsl[-1]), decode_groups, prefills)
 
 
 def paged_attention_torch(
@@ -119,8 +141,8 @@ def paged_attention_torch(
     out = torch.empty_like(query)
     if plan.num_actual_tokens < query.shape[0]:
         out[plan.num_actual_tokens :].zero_()  # padding rows: defined, never read
-    if plan.num_decode:
-        _decode(query, k_cache, v_cache, plan, scale, out)
+    for i in range(len(plan.decode_groups)):
+        _decode(query, k_cache, v_cache, plan, i, scale, out)
     for row in plan.prefills:
         _prefill(query, k_cache, v_cache, row, scale, out)
     return out
@@ -131,23 +153,22 @@ def _decode(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     plan: AttentionPlan,
+    group_index: int,
     scale: float,
     out: torch.Tensor,
 ) -> None:
-    num_decode = plan.num_decode
+    group = plan.decode_groups[group_index]
+    rows = group.num_rows
     _, _, num_kv_heads, head_dim = k_cache.shape
-    group = query.shape[1] // num_kv_heads
-    q = query[plan.decode_tokens].view(num_decode, num_kv_heads, group, head_dim)
-    # [num_decode * max_blocks, block_size, nkv, hd] -> [num_decode, nkv, max_len, hd] (a view)
-    k, v = plan.gather_buffers(k_cache)
-    torch.index_select(k_cache, 0, plan.decode_blocks, out=k)
-    torch.index_select(v_cache, 0, plan.decode_blocks, out=v)
-    k = k.view(num_decode, -1, num_kv_heads, head_dim)
-    v = v.view(num_decode, -1, num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(
-        q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=plan.decode_mask, scale=scale
-    )  # [num_decode, nkv, group, hd]
-    out[plan.decode_tokens] = o.reshape(num_decode, -1, head_dim)
+    q = query[group.tokens].view(rows, num_kv_heads, -1, head_dim)  # [rows, nkv, nq/nkv, hd]
+    # [rows * max_blocks, block_size, nkv, hd] -> [rows, nkv, max_len, hd] (a view)
+    k, v = plan.gather_buffers(group_index, k_cache)
+    torch.index_select(k_cache, 0, group.blocks, out=k)
+    torch.index_select(v_cache, 0, group.blocks, out=v)
+    k = k.view(rows, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = v.view(rows, -1, num_kv_heads, head_dim).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale)
+    out[group.tokens] = o.reshape(rows, -1, head_dim)  # [rows, nq, hd]
 
 
 def _prefill(

@@ -9,7 +9,7 @@ from kernel_factories import ATOL, make_paged_batch
 
 import kernels
 from kernels.paged_attention import paged_attention_reference
-from kernels.paged_attention_cpu import paged_attention_torch
+from kernels.paged_attention_cpu import build_plan, paged_attention_torch
 
 # (query_lens, seq_lens): decode only, prefill only, chunked prefill with prefixes, mixed,
 # lengths 1, 17, 33 and exact block boundaries (16, 32, 48).
@@ -20,6 +20,7 @@ ATTENTION_BATCHES = [
     ([16, 33], [48, 33]),
     ([5, 1, 17, 1], [37, 32, 50, 1]),
     ([1, 3, 1, 33], [64, 3, 15, 40]),
+    ([1] * 6, [200, 1, 70, 16, 129, 33]),  # lengths far apart: several decode groups
 ]
 
 
@@ -44,6 +45,14 @@ def test_paged_attention_torch_matches_reference(dtype, lens, heads, block_size)
     assert b.metadata.plan is plan
     expected2 = paged_attention_reference(b.query, b.v_cache, b.k_cache, b.metadata, scale)
     torch.testing.assert_close(got2, expected2, atol=ATOL[dtype], rtol=0)
+
+
+def test_decode_rows_are_grouped_by_length():
+    b = make_paged_batch([1] * 6, [200, 1, 70, 16, 129, 33], 4, 2, head_dim=8)
+    plan = build_plan(b.metadata, block_size=16)
+    # Blocks needed: 13, 1, 5, 1, 9, 3 -> {13, 9}, {5, 3}, {1, 1}: padding at most doubles.
+    assert [g.num_rows for g in plan.decode_groups] == [2, 2, 2]
+    assert sum(g.blocks.numel() for g in plan.decode_groups) == 2 * 13 + 2 * 5 + 2 * 1
 
 
 def test_paged_attention_decode_rows_out_of_order():
