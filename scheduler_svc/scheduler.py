@@ -13,6 +13,7 @@ benchmarks/scheduler_step.py).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -40,6 +41,16 @@ def short_id(n: int) -> str:
         digits.append(_BASE36[r])
         if n == 0:
             return "".join(reversed(digits))
+
+
+@dataclasses.dataclass(slots=True)
+class SchedulerStats:
+    """Running totals, for metrics and for tests that must know a path was taken."""
+
+    num_steps: int = 0
+    num_preemptions: int = 0
+    num_prefix_queries: int = 0  # tokens looked up in the prefix cache at admission
+    num_prefix_hits: int = 0  # of which found
 
 
 class Scheduler:
@@ -77,7 +88,7 @@ class Scheduler:
         self._wire_ids: dict[str, str] = {}  # client id -> wire id
         self.finished_req_ids: list[str] = []  # to tell the worker in the next step
         self._next_id = 0
-        self._step_id = 0
+        self.stats = SchedulerStats()
 
     # Requests in and out.
 
@@ -205,6 +216,8 @@ class Scheduler:
             (new_reqs if request.status == RequestStatus.WAITING else resumed_reqs).append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
+            self.stats.num_prefix_queries += request.num_tokens
+            self.stats.num_prefix_hits += num_hit
             num_scheduled[request.request_id] = n
             budget -= n
 
@@ -214,7 +227,7 @@ class Scheduler:
         for request in (*scheduled_running, *new_reqs, *resumed_reqs):
             request.num_computed_tokens += num_scheduled[request.request_id]
         self.finished_req_ids = []
-        self._step_id += 1
+        self.stats.num_steps += 1
         return so
 
     def get_grammar_bitmask(self, so: worker_pb2.SchedulerOutput
@@ -277,6 +290,7 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
+        self.stats.num_preemptions += 1
         self.waiting.prepend(request)
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
@@ -303,7 +317,7 @@ class Scheduler:
         new_block_ids: dict[str, list[int]],
     ) -> worker_pb2.SchedulerOutput:
         so = worker_pb2.SchedulerOutput(
-            step_id=self._step_id,
+            step_id=self.stats.num_steps,
             total_num_scheduled_tokens=sum(num_scheduled.values()),
             finished_req_ids=self.finished_req_ids,
         )

@@ -83,3 +83,23 @@ class ByteTokenizer:
 @pytest.fixture
 def byte_tokenizer():
     return ByteTokenizer
+
+
+# The real default model, loaded once per session: float32 (the parity dtype), a KV pool of 12
+# blocks of 16 tokens (the e2e workload needs ~20, so requests get preempted), and a budget of 48
+# tokens cut into prefill chunks of 16 (so prompts are prefilled in pieces beside decodes).
+E2E_NUM_BLOCKS = 12
+
+
+@pytest.fixture(scope="session")
+def e2e_llm(default_tokenizer):
+    from scheduler_svc import LLM
+    from worker_svc.worker import kv_cache_block_bytes  # noqa: F401 - fails early if absent
+
+    block_bytes = 2 * 30 * 16 * 3 * 64 * 4  # K and V, 30 layers, 16 tokens, 3 heads x 64, fp32
+    llm = LLM(dtype="float32", tokenizer=default_tokenizer,
+              kv_cache_memory_bytes=E2E_NUM_BLOCKS * block_bytes, max_model_len=96,
+              max_num_seqs=8, max_num_batched_tokens=48, long_prefill_token_threshold=16)
+    assert llm.engine.scheduler.kv.pool.num_blocks == E2E_NUM_BLOCKS
+    yield llm
+    llm.shutdown()
