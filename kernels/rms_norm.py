@@ -73,15 +73,21 @@ def rms_norm_triton(
     eps: float,
     residual: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        raise ValueError(f"x must be a tensor of at least 1 dim, got {x!r:.60}")
+    # Any leading dims (e.g. per-head q/k norms on [num_tokens, heads, head_dim]) are rows.
+    shape, hidden = x.shape, x.shape[-1]
+    x = x.reshape(-1, hidden)
     check_tensor("x", x, 2, FLOAT_DTYPES)
-    num_tokens, hidden = x.shape
+    num_tokens = x.shape[0]
     check_tensor("weight", weight, 1, FLOAT_DTYPES, x.device)
     check_shape("weight", weight, (hidden,))
     out = torch.empty_like(x)
     residual_out = out  # unused placeholder pointer when there is no residual
     if residual is not None:
+        check_shape("residual", residual, tuple(shape))
+        residual = residual.reshape(-1, hidden)
         check_tensor("residual", residual, 2, (x.dtype,), x.device)
-        check_shape("residual", residual, (num_tokens, hidden))
         residual_out = torch.empty_like(x)
     if num_tokens:
         _rms_norm_kernel[(num_tokens,)](
@@ -99,4 +105,6 @@ def rms_norm_triton(
             HAS_RESIDUAL=residual is not None,
             BLOCK=triton.next_power_of_2(hidden),
         )
-    return out if residual is None else (out, residual_out)
+    if residual is None:
+        return out.view(shape)
+    return out.view(shape), residual_out.view(shape)

@@ -77,11 +77,11 @@ def test_reshape_and_cache(dtype, num_kv_heads):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("with_residual", [False, True])
-@pytest.mark.parametrize("shape", [(1, 64), (17, 96), (3, 576)])
+@pytest.mark.parametrize("shape", [(1, 64), (17, 96), (3, 576), (5, 3, 80)])
 def test_rms_norm(shape, with_residual, dtype):
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(shape, generator=gen).to(dtype)
-    weight = torch.rand(shape[1], generator=gen).to(dtype)
+    weight = torch.rand(shape[-1], generator=gen).to(dtype)
     residual = torch.randn(shape, generator=gen).to(dtype) if with_residual else None
     # The interpreter truncates when narrowing to bfloat16; the GPU rounds: 1 ulp apart.
     torch.testing.assert_close(
