@@ -41,7 +41,9 @@ class InputBatch:
         max_num_batched_tokens: int,
         block_size: int,
         vocab_size: int,
+        device: torch.device | str = "cpu",
     ) -> None:
+        self.device = device
         self.max_num_reqs = max_num_reqs
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -89,6 +91,9 @@ class InputBatch:
         row = self.req_id_to_index.pop(req_id, None)
         if row is None:
             return None
+        state = self.states[row]
+        assert state is not None
+        state.num_computed_tokens = int(self.num_computed_tokens_np[row])  # the row was the truth
         self.req_ids[row] = None
         self.states[row] = None
         bisect.insort(self._holes, row)
@@ -135,5 +140,6 @@ class InputBatch:
                 [s.prompt_token_ids for s in states],
                 {row: s.generator for row, s in enumerate(states) if s.generator is not None},
                 self.vocab_size,
+                self.device,
             )
         return self._sampling_metadata

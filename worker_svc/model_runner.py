@@ -61,7 +61,9 @@ class ModelRunner:
             config.max_num_reqs, config.max_model_len, config.max_num_batched_tokens,
             config.block_size, self.vocab_size,
         )  # fmt: skip
-        self.sampler = Sampler()
+        shared_generator = torch.Generator(device=self.device)
+        shared_generator.manual_seed(config.seed)
+        self.sampler = Sampler(shared_generator)  # for requests that bring no seed
         self.execute_model_state: ExecuteModelState | None = None
         # Buffers sized once for the largest step; each step overwrites a prefix.
         max_tokens, max_reqs = config.max_num_batched_tokens, config.max_num_reqs
@@ -103,7 +105,15 @@ class ModelRunner:
                 rows = torch.tensor([batch.req_id_to_index[r] for r in grammar.req_ids])
                 words = np.frombuffer(grammar.bitmask, dtype="<i4").reshape(len(grammar.req_ids), -1)
                 kernels.apply_token_bitmask(logits, torch.from_numpy(words.copy()), rows)
-            sampled = self.sampler(logits, batch.sampling_metadata)
+            metadata = batch.sampling_metadata
+            # A mid-prefill row's draw is thrown away; rewind its generator so a seeded request's
+            # tokens do not depend on how its prefill was chunked.
+            rewind = {
+                row: g.get_state() for row, g in metadata.generators.items() if state.discard[row]
+            }
+            sampled = self.sampler(logits, metadata)
+            for row, generator_state in rewind.items():
+                metadata.generators[row].set_state(generator_state)
         return self._record_sampled(sampled, state.discard)
 
     def reset(self) -> None:
@@ -145,22 +155,30 @@ class ModelRunner:
             self.requests[new.req_id] = state
             to_add.append(state)
 
+        # The common path, a running request decoding on: two writes into its existing row.
+        # The state's computed count is synced from the row only when the row goes away.
         resumed = set(cached.resumed_req_ids)
-        for i, req_id in enumerate(cached.req_ids):
+        index = batch.req_id_to_index
+        rows, positions = [], []
+        for i, (req_id, blocks) in enumerate(zip(cached.req_ids, cached.new_block_ids, strict=True)):
+            row = index.get(req_id)
+            if row is not None:
+                rows.append(row)
+                positions.append(i)
+                if blocks.ids:
+                    self.requests[req_id].block_ids.extend(blocks.ids)
+                    batch.block_table.append_row(list(blocks.ids), row)
+                continue
             state = self.requests[req_id]
             state.num_computed_tokens = cached.num_computed_tokens[i]
-            new_blocks = cached.new_block_ids[i].ids
             if req_id in resumed:
-                state.block_ids = list(new_blocks)  # it lost its blocks: these are the whole table
+                state.block_ids = list(blocks.ids)  # it lost its blocks: these are the whole table
             else:
-                state.block_ids.extend(new_blocks)
-            row = batch.req_id_to_index.get(req_id)
-            if row is None:
-                to_add.append(state)
-                continue
-            batch.num_computed_tokens_np[row] = state.num_computed_tokens
-            if new_blocks:
-                batch.block_table.append_row(list(new_blocks), row)
+                state.block_ids.extend(blocks.ids)
+            to_add.append(state)
+        if rows:
+            computed = np.asarray(cached.num_computed_tokens, dtype=np.int32)
+            batch.num_computed_tokens_np[rows] = computed[positions]
 
         for state in to_add:
             batch.add_request(state)
@@ -169,7 +187,7 @@ class ModelRunner:
     def _generator(self, sampling: worker_pb2.RequestSamplingParams) -> torch.Generator | None:
         if not sampling.HasField("seed"):
             return None
-        generator = torch.Generator(device="cpu")
+        generator = torch.Generator(device=self.device)  # on the logits' device
         generator.manual_seed(sampling.seed)
         return generator
 

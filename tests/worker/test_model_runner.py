@@ -250,3 +250,16 @@ def test_preempted_request_recomputes_to_the_same_tokens(tiny_checkpoints):
     driver.step()
     driver.active["a"].paused = False
     assert driver.run() == expected
+
+
+def test_seeded_tokens_do_not_depend_on_prefill_chunking(tiny_checkpoints):
+    from tests.worker.conftest import tiny_worker
+
+    seeded = pb.RequestSamplingParams(temperature=1.0, top_p=1.0, repetition_penalty=1.0, seed=1234)
+    outputs = []
+    for chunk in (4, 1000):
+        worker = tiny_worker(tiny_checkpoints["llama"])
+        driver = StepDriver(worker.runner, worker.num_blocks, 16, chunk=chunk)
+        driver.add("s", prompt(37, 11), 10, seeded)
+        outputs.append(driver.run()["s"])
+    assert outputs[0] == outputs[1]
