@@ -59,7 +59,7 @@ class ModelRunner:
         self.requests: dict[str, CachedRequestState] = {}  # every request held, batched or not
         self.input_batch = InputBatch(
             config.max_num_reqs, config.max_model_len, config.max_num_batched_tokens,
-            config.block_size, self.vocab_size,
+            config.block_size, self.vocab_size, self.device,
         )  # fmt: skip
         shared_generator = torch.Generator(device=self.device)
         shared_generator.manual_seed(config.seed)
