@@ -14,8 +14,8 @@ import tempfile
 import time
 
 import transformers
-
 from batchwire.v1 import worker_pb2 as pb
+
 from worker_svc.config import WorkerConfig
 from worker_svc.model_runner import ModelRunner
 from worker_svc.worker import Worker
@@ -62,7 +62,7 @@ def decode_steps(num_reqs: int, prompt_len: int, steps: int, block_size: int = 1
         tables[r] = list(range(next_block, next_block + blocks_per_req))
         next_block += blocks_per_req
         first.scheduled_new_reqs.add(
-            req_id=r, prompt_token_ids=[7] * prompt_len, block_ids=tables[r][: prompt_len // block_size + 1],
+            req_id=r, prompt_token_ids=[7] * prompt_len, block_ids=tables[r][: prompt_len // block_size + 1],  # noqa: E501
             num_computed_tokens=prompt_len - 1, num_scheduled_tokens=1,
             sampling=pb.RequestSamplingParams(top_p=1.0, repetition_penalty=1.0),
         )  # fmt: skip
@@ -109,8 +109,10 @@ def main() -> None:
     for name, cls in [("persistent", ModelRunner), ("rebuild", RebuildingModelRunner)]:
         runner = cls(worker.config, worker.model, worker.num_blocks)
         results[name] = statistics.median(time_runner(runner, steps)) * 1e6
-    print(f"{args.num_reqs} running requests, median over {args.steps} decode steps "
-          "(_update_states + _prepare_inputs):")
+    print(
+        f"{args.num_reqs} running requests, median over {args.steps} decode steps "
+        "(_update_states + _prepare_inputs):"
+    )
     for name, us in results.items():
         print(f"  {name:>10}: {us:8.1f} us/step")
     print(f"  rebuild / persistent = {results['rebuild'] / results['persistent']:.1f}x")

@@ -41,7 +41,10 @@ def default_worker():
 
     return Worker(
         WorkerConfig(
-            dtype="float32", kv_cache_memory_bytes=256 << 20, max_num_reqs=32,
-            max_model_len=1024, max_num_batched_tokens=1024,
+            dtype="float32",
+            kv_cache_memory_bytes=256 << 20,
+            max_num_reqs=32,
+            max_model_len=1024,
+            max_num_batched_tokens=1024,
         )  # fmt: skip
     )

@@ -1,4 +1,4 @@
-"""Each batch row's physical KV blocks, kept in place across steps, and the per-token slot mapping."""
+"""Each batch row's physical KV blocks, kept in place across steps; the per-token slot mapping."""
 
 from __future__ import annotations
 
@@ -12,7 +12,9 @@ class BlockTable:
     ) -> None:
         self.block_size = block_size
         self.max_num_blocks_per_req = max_num_blocks_per_req
-        self.table_np = np.zeros((max_num_reqs, max_num_blocks_per_req), dtype=np.int32)  # [rows, blocks]
+        self.table_np = np.zeros(
+            (max_num_reqs, max_num_blocks_per_req), dtype=np.int32
+        )  # [rows, blocks]
         self.table = torch.from_numpy(self.table_np)  # shares memory with table_np
         self.num_blocks_per_row = np.zeros(max_num_reqs, dtype=np.int32)  # [rows]
         self.slot_mapping_np = np.zeros(max_num_tokens, dtype=np.int64)  # [tokens]
@@ -38,7 +40,11 @@ class BlockTable:
         """req_indices, positions: [tokens] -> slot of each token, block * block_size + offset."""
         num_tokens = len(positions)
         blocks = self.table_np[req_indices, positions // self.block_size]
-        np.add(blocks * self.block_size, positions % self.block_size, out=self.slot_mapping_np[:num_tokens])
+        np.add(
+            blocks * self.block_size,
+            positions % self.block_size,
+            out=self.slot_mapping_np[:num_tokens],
+        )
         return self.slot_mapping[:num_tokens]
 
     def rows(self, num_reqs: int) -> torch.Tensor:

@@ -10,8 +10,8 @@ import dataclasses
 
 import numpy as np
 import torch
-
 from batchwire.v1 import worker_pb2
+
 from worker_svc.block_table import BlockTable
 from worker_svc.sampling_metadata import SamplingMetadata, build_sampling_metadata
 

