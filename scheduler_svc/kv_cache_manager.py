@@ -71,24 +71,29 @@ class KVCacheManager:
         (and after any prefix-cache hits). Returns the newly allocated blocks, or None when the
         pool is short, in which case nothing changed."""
         hits = new_computed_blocks or []
-        blocks = self.req_to_blocks.setdefault(request.request_id, [])
+        req_id = request.request_id
+        blocks = self.req_to_blocks.get(req_id)
+        if blocks is None:
+            blocks = self.req_to_blocks[req_id] = []
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
         num_new = -(-total // self.block_size) - len(blocks) - len(hits)
-        # Touching a free cached hit takes it out of the free queue, so it counts against it.
-        num_free_hits = sum(1 for b in hits if b.ref_cnt == 0)
-        if max(num_new, 0) + num_free_hits > self.pool.num_free_blocks:
-            if not blocks:
-                del self.req_to_blocks[request.request_id]
-            return None
-        if hits:
-            self.pool.touch(hits)
-            blocks.extend(hits)
+        if num_new > 0 or hits:
+            # Touching a free cached hit takes it out of the free queue, so it counts against it.
+            num_free_hits = sum(1 for b in hits if b.ref_cnt == 0)
+            if max(num_new, 0) + num_free_hits > self.pool.num_free_blocks:
+                if not blocks:
+                    del self.req_to_blocks[req_id]
+                return None
+            if hits:
+                self.pool.touch(hits)
+                blocks.extend(hits)
         new_blocks = self.pool.get_new_blocks(num_new) if num_new > 0 else []
         blocks.extend(new_blocks)
-        if self.enable_prefix_caching:
-            # Blocks become findable as soon as they are scheduled: a request admitted later in
-            # this same step reads them after the worker has written them in the same forward pass.
-            self._cache_full_blocks(request, blocks, min(total, request.num_tokens))
+        # Blocks become findable as soon as they are scheduled: a request admitted later in this
+        # same step reads them after the worker has written them in the same forward pass.
+        num_full = min(total, len(request.all_token_ids)) // self.block_size
+        if self.enable_prefix_caching and num_full > self._num_cached.get(req_id, 0):
+            self._cache_full_blocks(request, blocks, num_full)
         return new_blocks
 
     def free(self, request: Request) -> None:
@@ -100,11 +105,8 @@ class KVCacheManager:
             self.pool.free_blocks(reversed(blocks))
 
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock],
-                           num_tokens: int) -> None:
-        num_full = num_tokens // self.block_size
+                           num_full: int) -> None:
         start = self._num_cached.get(request.request_id, 0)
-        if num_full <= start:
-            return
         self._extend_hashes(request, num_full)
         for i in range(start, num_full):
             self.pool.cache_block(blocks[i], request.block_hashes[i])

@@ -41,7 +41,7 @@ class Request:
         "request_id", "client_id", "prompt_token_ids", "sampling_params", "eos_token_ids",
         "arrival_time", "priority", "cache_salt", "status", "stop_reason", "all_token_ids",
         "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "block_hashes",
-        "detokenizer",
+        "detokenizer", "stop_ids", "max_num_tokens",
     )
 
     def __init__(
@@ -55,6 +55,7 @@ class Request:
         priority: int = 0,
         cache_salt: str | None = None,
         detokenizer: IncrementalDetokenizer | None = None,
+        max_model_len: int | None = None,
     ) -> None:
         self.request_id = request_id  # the short id the worker sees
         self.client_id = client_id if client_id is not None else request_id
@@ -73,6 +74,13 @@ class Request:
         self.num_preemptions = 0
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks, grown lazily
         self.detokenizer = detokenizer
+        # A token outside stop_ids with fewer than max_num_tokens tokens cannot end the request:
+        # the per-token test on the hot path, before the full stop rules.
+        self.stop_ids = frozenset(sampling_params.stop_token_ids) | (
+            frozenset() if sampling_params.ignore_eos else eos_token_ids)
+        self.max_num_tokens = self.num_prompt_tokens + sampling_params.max_tokens
+        if max_model_len is not None:
+            self.max_num_tokens = min(self.max_num_tokens, max_model_len)
 
     @property
     def num_tokens(self) -> int:
