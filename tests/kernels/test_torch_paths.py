@@ -132,8 +132,3 @@ def test_apply_token_bitmask(vocab, with_rows):
     kernels.apply_token_bitmask(logits, bitmask, torch.tensor(rows) if with_rows else None)
     assert torch.equal(logits, expected)
 
-
-def test_backend_setting():
-    assert kernels.get_backend() in ("auto", "torch", "triton")
-    with pytest.raises(ValueError, match="nonsense"):
-        kernels.set_backend("nonsense")
