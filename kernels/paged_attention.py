@@ -5,11 +5,13 @@ import os
 
 import torch
 
+from kernels._attention_tile import _attend_tile
 from kernels._checks import FLOAT_DTYPES, check_shape, check_tensor
 from kernels._triton import tl, triton
 from kernels.attention_metadata import AttentionMetadata
 from kernels.backend import use_triton
 from kernels.paged_attention_cpu import paged_attention_torch
+from kernels.paged_attention_split_kv import launch_split_kv_decode, num_kv_splits_for
 
 
 def paged_attention(
@@ -57,7 +59,6 @@ def paged_attention_reference(
     return out
 
 
-
 @triton.jit
 def _find_request(qsl_ptr, num_reqs, q_block, BLOCK_Q: tl.constexpr):
     # Request r's query blocks are numbered from qsl[r] // BLOCK_Q + r: no host-side prefix sum
@@ -73,53 +74,6 @@ def _find_request(qsl_ptr, num_reqs, q_block, BLOCK_Q: tl.constexpr):
         else:
             hi = mid - 1
     return lo
-
-
-@triton.jit
-def _attend_tile(
-    q,  # [BLOCK_M, HEAD_DIM_P2]
-    q_pos,  # [BLOCK_M] position of each query row; keys after it are masked
-    m_i,  # [BLOCK_M] running max (base 2)
-    l_i,  # [BLOCK_M] running sum
-    acc,  # [BLOCK_M, HEAD_DIM_P2] float32
-    start,
-    kv_end,
-    bt_row,
-    k_base,
-    v_base,
-    stride_kb,
-    stride_ks,
-    stride_vb,
-    stride_vs,
-    scale_log2,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-):
-    d = tl.arange(0, HEAD_DIM_P2)
-    d_ok = d < HEAD_DIM
-    n = start + tl.arange(0, BLOCK_N)  # [BLOCK_N] key positions
-    n_ok = n < kv_end
-    block = tl.load(bt_row + n // BLOCK_SIZE, mask=n_ok, other=0).to(tl.int64)
-    k_off = block * stride_kb + (n % BLOCK_SIZE) * stride_ks  # [BLOCK_N]
-    v_off = block * stride_vb + (n % BLOCK_SIZE) * stride_vs
-    k = tl.load(k_base + k_off[None, :] + d[:, None], mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-    if DOT_IN_FP32:
-        q = q.to(tl.float32)
-        k = k.to(tl.float32)
-    s = tl.dot(q, k, input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
-    s = tl.where((n[None, :] <= q_pos[:, None]) & n_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    p = tl.exp2(s - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
-    v = tl.load(v_base + v_off[:, None] + d[None, :], mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-    if DOT_IN_FP32:
-        v = v.to(tl.float32)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return m_new, l_i * alpha + tl.sum(p, 1), acc
 
 
 @triton.jit
@@ -199,129 +153,6 @@ def _paged_attention_kernel(
     tl.store(out_ptr + o_off, acc.to(out_ptr.dtype.element_ty), mask=o_ok)
 
 
-@triton.jit
-def _paged_decode_split_kernel(
-    part_out_ptr,  # [num_reqs, num_q_heads, NUM_SPLITS, HEAD_DIM_P2] float32, normalised per split
-    part_lse_ptr,  # [num_reqs, num_q_heads, NUM_SPLITS] float32, base-2 log-sum-exp per split
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    block_table_ptr,
-    seq_lens_ptr,
-    qsl_ptr,
-    scale_log2,
-    num_q_heads,
-    stride_qt,
-    stride_qh,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_vb,
-    stride_vs,
-    stride_vh,
-    stride_bt,
-    NUM_SPLITS: tl.constexpr,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_P2: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-    DOT_IN_FP32: tl.constexpr,
-):
-    # Decode only (one query token per request): few requests with long contexts would leave
-    # most SMs idle, so each (request, KV head) is also split over NUM_SPLITS key ranges.
-    req = tl.program_id(0)
-    kv_head = tl.program_id(1)
-    split = tl.program_id(2)
-    q_start = tl.load(qsl_ptr + req)
-    if tl.load(qsl_ptr + req + 1) == q_start:
-        return
-    seq_len = tl.load(seq_lens_ptr + req)
-    per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    lo = split * per_split
-    hi = tl.minimum(seq_len, lo + per_split)  # split 0 is never empty
-
-    m = tl.arange(0, BLOCK_M)
-    head = kv_head * GROUP + m
-    row_ok = m < GROUP
-    d = tl.arange(0, HEAD_DIM_P2)
-    d_ok = d < HEAD_DIM
-    q_off = q_start.to(tl.int64) * stride_qt + head[:, None] * stride_qh + d[None, :]
-    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    q_pos = tl.zeros([BLOCK_M], tl.int32) + seq_len - 1
-
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM_P2], tl.float32)
-    bt_row = block_table_ptr + req.to(tl.int64) * stride_bt
-    k_base = k_cache_ptr + kv_head * stride_kh
-    v_base = v_cache_ptr + kv_head * stride_vh
-    for start in range(lo, hi, BLOCK_N):
-        m_i, l_i, acc = _attend_tile(
-            q, q_pos, m_i, l_i, acc, start, hi, bt_row, k_base, v_base,
-            stride_kb, stride_ks, stride_vb, stride_vs, scale_log2,
-            HEAD_DIM, HEAD_DIM_P2, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, DOT_IN_FP32,
-        )  # fmt: skip
-    empty = l_i == 0.0  # a split past the end of a short context
-    acc = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("-inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    part = (req * num_q_heads + head).to(tl.int64) * NUM_SPLITS + split  # [BLOCK_M]
-    tl.store(part_lse_ptr + part, lse, mask=row_ok)
-    part_off = part[:, None] * HEAD_DIM_P2 + d[None, :]
-    tl.store(part_out_ptr + part_off, acc, mask=row_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _paged_decode_reduce_kernel(
-    out_ptr,
-    part_out_ptr,
-    part_lse_ptr,
-    qsl_ptr,
-    num_q_heads,
-    stride_ot,
-    stride_oh,
-    NUM_SPLITS: tl.constexpr,
-    SPLITS_P2: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_P2: tl.constexpr,
-):
-    req = tl.program_id(0)
-    head = tl.program_id(1)
-    q_start = tl.load(qsl_ptr + req)
-    if tl.load(qsl_ptr + req + 1) == q_start:
-        return
-    s = tl.arange(0, SPLITS_P2)
-    d = tl.arange(0, HEAD_DIM_P2)
-    part = (req * num_q_heads + head).to(tl.int64) * NUM_SPLITS + s  # [SPLITS_P2]
-    lse = tl.load(part_lse_ptr + part, mask=s < NUM_SPLITS, other=float("-inf"))
-    weight = tl.exp2(lse - tl.max(lse, 0))  # empty splits weigh 0
-    parts = tl.load(
-        part_out_ptr + part[:, None] * HEAD_DIM_P2 + d[None, :],
-        mask=(s < NUM_SPLITS)[:, None],
-        other=0.0,
-    )  # [SPLITS_P2, HEAD_DIM_P2]
-    o = tl.sum(parts * weight[:, None], 0) / tl.sum(weight, 0)
-    o_off = q_start.to(tl.int64) * stride_ot + head * stride_oh + d
-    tl.store(out_ptr + o_off, o.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
-
-
-_SM_COUNT: dict[torch.device, int] = {}
-
-
-def _num_kv_splits(query: torch.Tensor, num_reqs: int, num_kv_heads: int, max_seq_len: int) -> int:
-    """Enough splits to give the device about two programs per SM, each of >= 512 keys."""
-    if not query.is_cuda:
-        return 1
-    if query.device not in _SM_COUNT:
-        props = torch.cuda.get_device_properties(query.device)
-        _SM_COUNT[query.device] = props.multi_processor_count
-    wanted = triton.cdiv(2 * _SM_COUNT[query.device], max(1, num_reqs * num_kv_heads))
-    splits = min(wanted, max_seq_len // 512, 64)
-    return 1 if splits < 2 else 1 << (splits.bit_length() - 1)
-
-
 def paged_attention_triton(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -374,26 +205,11 @@ def paged_attention_triton(
 
     if metadata.max_query_len == 1:
         if num_kv_splits is None:
-            num_kv_splits = _num_kv_splits(query, num_reqs, num_kv_heads, metadata.max_seq_len)
+            num_kv_splits = num_kv_splits_for(query, num_reqs, num_kv_heads, metadata.max_seq_len)
         if num_kv_splits > 1:
-            parts = (num_reqs, num_q_heads, num_kv_splits)
-            part_out = torch.empty(*parts, head_dim_p2, dtype=torch.float32, device=device)
-            part_lse = torch.empty(*parts, dtype=torch.float32, device=device)
-            _paged_decode_split_kernel[(num_reqs, num_kv_heads, num_kv_splits)](
-                part_out, part_lse, query, k_cache, v_cache, bt, seq_lens, qsl,
-                scale_log2, num_q_heads, query.stride(0), query.stride(1),
-                *cache_strides, bt.stride(0),
-                NUM_SPLITS=num_kv_splits,
-                BLOCK_M=max(16, triton.next_power_of_2(group)),
-                **common,
-            )  # fmt: skip
-            _paged_decode_reduce_kernel[(num_reqs, num_q_heads)](
-                out, part_out, part_lse, qsl, num_q_heads, out.stride(0), out.stride(1),
-                NUM_SPLITS=num_kv_splits,
-                SPLITS_P2=triton.next_power_of_2(num_kv_splits),
-                HEAD_DIM=head_dim,
-                HEAD_DIM_P2=head_dim_p2,
-            )  # fmt: skip
+            launch_split_kv_decode(
+                out, query, k_cache, v_cache, metadata, scale_log2, num_kv_splits, **common
+            )
             return out
 
     # Wide tiles pay off for prefill chunks; a decode row fills only GROUP rows of a tile.

@@ -44,7 +44,6 @@ def reshape_and_cache_torch(
     v_flat.index_copy_(0, slots, value.to(v_cache.dtype))
 
 
-
 @triton.jit
 def _reshape_and_cache_kernel(
     key_ptr,

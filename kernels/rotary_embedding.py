@@ -44,7 +44,6 @@ def rotary_embedding_torch(
     return query, key
 
 
-
 @triton.jit
 def _rotate_heads(
     x_ptr,

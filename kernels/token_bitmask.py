@@ -39,7 +39,6 @@ def apply_token_bitmask_torch(
         logits.index_copy_(0, row_indices, rows)
 
 
-
 @triton.jit
 def _token_bitmask_kernel(
     logits_ptr,
