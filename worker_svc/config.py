@@ -22,6 +22,9 @@ class WorkerConfig:
     max_logprobs: int = 20
     seed: int = 0  # seeds the generator of requests that bring no seed of their own
     attention_backend: str = "auto"  # "auto" (Triton on CUDA, torch on CPU), "torch", "triton"
+    tensor_parallel_size: int = 1  # ranks that shard this model together
+    rank: int = 0  # this worker's rank in its tensor-parallel group
+    distributed_init_method: str = "tcp://127.0.0.1:29500"  # rendezvous of the group's ranks
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -29,6 +32,11 @@ class WorkerConfig:
         for name in ("block_size", "max_num_reqs", "max_model_len", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.rank < self.tensor_parallel_size:
+            raise ValueError(
+                f"rank must be in [0, tensor_parallel_size={self.tensor_parallel_size}), "
+                f"got {self.rank}"
+            )
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError(
                 f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}"

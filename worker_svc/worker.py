@@ -12,6 +12,7 @@ from worker_svc.loaders.weights import load_model
 from worker_svc.model_files import model_name, resolve_model_path
 from worker_svc.model_runner import ModelRunner
 from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.parallel import TensorParallel, init_distributed
 
 logger = logging.getLogger(__name__)
 
@@ -19,7 +20,9 @@ logger = logging.getLogger(__name__)
 def kv_cache_block_bytes(model: LlamaForCausalLM, config: WorkerConfig) -> int:
     cfg = model.config
     element = torch.empty(0, dtype=config.torch_dtype).element_size()
-    return 2 * cfg.num_layers * config.block_size * cfg.num_kv_heads * cfg.head_dim * element
+    # Sized by the largest rank share, so every rank of an uneven split has the same block count.
+    kv_heads = -(-cfg.num_kv_heads // model.tp.size)
+    return 2 * cfg.num_layers * config.block_size * kv_heads * cfg.head_dim * element
 
 
 def allocate_kv_cache(model: LlamaForCausalLM, config: WorkerConfig) -> int:
@@ -33,7 +36,7 @@ def allocate_kv_cache(model: LlamaForCausalLM, config: WorkerConfig) -> int:
             f"max_model_len={config.max_model_len} needs at least {needed}"
         )
     cfg = model.config
-    shape = (num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (num_blocks, config.block_size, model.plan.num_kv_heads, cfg.head_dim)
     for layer in model.layers:
         attn = layer.self_attn
         attn.k_cache = torch.zeros(shape, dtype=config.torch_dtype, device=config.device)
@@ -45,8 +48,10 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.model_path = resolve_model_path(config.model)
+        self.tp = TensorParallel(config.rank, config.tensor_parallel_size)
+        init_distributed(self.tp, config.distributed_init_method, config.device)
         self.model = load_model(
-            self.model_path, config.torch_dtype, config.device, max_position=config.max_model_len
+            self.model_path, config.torch_dtype, config.device, config.max_model_len, self.tp
         )
         self.num_blocks = allocate_kv_cache(self.model, config)
         self.runner = ModelRunner(config, self.model, self.num_blocks)
@@ -67,8 +72,8 @@ class Worker:
             block_size=self.config.block_size,
             dtype=self.config.dtype,
             device=self.config.device,
-            tensor_parallel_size=1,
-            rank=0,
+            tensor_parallel_size=self.tp.size,
+            rank=self.tp.rank,
             max_num_reqs=self.config.max_num_reqs,
             eos_token_ids=list(cfg.eos_token_ids),
         )

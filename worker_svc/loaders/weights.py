@@ -11,6 +11,7 @@ import torch
 from worker_svc.loaders import gguf_file, hf_checkpoint
 from worker_svc.models.config import ModelConfig
 from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.parallel import TensorParallel
 
 # Hugging Face projections that the model holds fused: (fused name, position in the fusion).
 _FUSED = {
@@ -28,7 +29,14 @@ def read_model_config(path: str) -> ModelConfig:
     return hf_checkpoint.read_config(path)
 
 
-def load_model(path: str, dtype: torch.dtype, device: str, max_position: int) -> LlamaForCausalLM:
+def load_model(
+    path: str,
+    dtype: torch.dtype,
+    device: str,
+    max_position: int,
+    tp: TensorParallel | None = None,
+) -> LlamaForCausalLM:
+    """The model with this rank's shard of every weight (all of them without tensor parallelism)."""
     if path.endswith(".gguf"):
         reader = gguf.GGUFReader(path)
         cfg = gguf_file.read_config(reader)
@@ -37,7 +45,7 @@ def load_model(path: str, dtype: torch.dtype, device: str, max_position: int) ->
         cfg = hf_checkpoint.read_config(path)
         tensors = hf_checkpoint.iter_tensors(path)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, max_position)
+        model = LlamaForCausalLM(cfg, max_position, tp)
     model = model.to_empty(device=device)
     model.tie_weights()
     model.init_rotary(device)
@@ -67,6 +75,7 @@ def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
             del parts[name]
         if name not in params:
             raise ValueError(f"checkpoint tensor {hf_name!r} has no place in the model")
+        tensor = model.plan.shard(name, tensor, model.config)
         if params[name].shape != tensor.shape:
             raise ValueError(
                 f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, "

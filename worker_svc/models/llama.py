@@ -14,6 +14,7 @@ import kernels
 from worker_svc.forward_context import get_attention_metadata
 from worker_svc.models.config import ModelConfig
 from worker_svc.models.rotary import cos_sin_cache
+from worker_svc.parallel import ShardPlan, TensorParallel
 
 
 class RMSNorm(nn.Module):
@@ -29,12 +30,17 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    """Under tensor parallelism: this rank's heads only (column-parallel q|k|v, row-parallel o)."""
+
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, plan: ShardPlan, tp: TensorParallel
+    ) -> None:
         super().__init__()
         self.layer_idx = layer_idx
+        self.tp = tp
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_heads,
-            cfg.num_kv_heads,
+            plan.num_q_heads,
+            plan.num_kv_heads,
             cfg.head_dim,
         )
         self.q_size = self.num_heads * self.head_dim
@@ -66,28 +72,33 @@ class Attention(nn.Module):
         metadata = get_attention_metadata()
         kernels.reshape_and_cache(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
         out = kernels.paged_attention(q, self.k_cache, self.v_cache, metadata, self.scale)
-        return self.o_proj(out.reshape(num_tokens, self.q_size))
+        return self.tp.all_reduce(self.o_proj(out.reshape(num_tokens, self.q_size)))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    """SwiGLU; under tensor parallelism, this rank's slice of the intermediate dimension."""
+
+    def __init__(self, cfg: ModelConfig, plan: ShardPlan, tp: TensorParallel) -> None:
         super().__init__()
-        self.intermediate_size = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.tp = tp
+        self.intermediate_size = plan.intermediate_size
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(self.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer_idx: int) -> None:
+    def __init__(
+        self, cfg: ModelConfig, layer_idx: int, plan: ShardPlan, tp: TensorParallel
+    ) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, layer_idx)
+        self.self_attn = Attention(cfg, layer_idx, plan, tp)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = MLP(cfg, plan, tp)
 
     def forward(
         self,
@@ -108,13 +119,20 @@ class DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
-    def __init__(self, cfg: ModelConfig, max_position: int) -> None:
+    def __init__(
+        self, cfg: ModelConfig, max_position: int, tp: TensorParallel | None = None
+    ) -> None:
         super().__init__()
         self.config = cfg
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.tp = tp or TensorParallel()
+        self.plan = ShardPlan.build(cfg, self.tp)
+        # Vocabulary-parallel: each rank holds the rows of its slice of the vocabulary.
+        self.embed_tokens = nn.Embedding(self.plan.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, self.plan, self.tp) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.hidden_size, self.plan.vocab_size, bias=False)
         self.tie_weights()
         self.max_position = max_position
         self.cos_sin = torch.empty(0)  # filled by init_rotary(), once the weights have a device
@@ -136,13 +154,26 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: (T,) -> hidden states (T, hidden)."""
-        x = self.embed_tokens(input_ids)
+        x = self._embed(input_ids)
         residual = None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, self.cos_sin)
         x, _ = self.norm(x, residual)
         return x
 
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not self.tp.enabled:
+            return self.embed_tokens(input_ids)
+        start, end = self.plan.vocab
+        mine = (input_ids >= start) & (input_ids < end)
+        local = torch.where(mine, input_ids - start, 0)
+        x = self.embed_tokens(local) * mine.unsqueeze(-1).to(self.embed_tokens.weight.dtype)
+        return self.tp.all_reduce(x)  # each token's row came from exactly one rank
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden (R, hidden) -> logits (R, vocab) in float32, for the sampler."""
-        return self.lm_head(hidden).float()
+        """hidden (R, hidden) -> logits (R, vocab) in float32, the full vocabulary on every rank.
+
+        Every rank then samples the same tokens from the same logits, so ranks stay in step.
+        """
+        logits = self.lm_head(hidden).float()
+        return self.tp.all_gather_last_dim(logits, self.plan.vocab_sizes)
