@@ -17,8 +17,16 @@ class SchedulerConfig:
     block_size: int = 16  # tokens per KV-cache block
     kv_cache_memory_bytes: int = 1 << 30  # the worker sizes its block pool from this
     seed: int = 0  # seeds the sampling of requests that bring no seed of their own
-    # "uni" (in-process), "grpc", "zmq", or an Executor subclass or its qualified name.
-    executor_backend: str | type = "uni"
+    # "uni" (in-process), "grpc", "zmq", or an Executor subclass or its qualified name; "auto":
+    # "uni" for one in-process worker, "zmq" (the cheapest transport) when workers are remote.
+    executor_backend: str | type = "auto"
+    # Remote workers, one entry per worker group (replica): its ranks' "host:port" addresses on
+    # the transport's port, comma-separated in rank order. Empty: remote executors start one
+    # local group of tensor_parallel_size ranks themselves.
+    worker_addresses: tuple[str, ...] = ()
+    tensor_parallel_size: int = 1  # ranks of a locally started worker group
+    worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
+    worker_heartbeat_s: float = 1.0  # liveness probe period; 3 missed probes = a failed worker
 
     # Scheduling.
     max_num_seqs: int = 256  # most requests running at once
@@ -42,6 +50,12 @@ class SchedulerConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0, "
                              f"got {self.long_prefill_token_threshold}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be at least 1, "
+                             f"got {self.tensor_parallel_size}")
+        if self.worker_rpc_timeout_s <= 0 or self.worker_heartbeat_s <= 0:
+            raise ValueError("worker_rpc_timeout_s and worker_heartbeat_s must be positive, got "
+                             f"{self.worker_rpc_timeout_s} and {self.worker_heartbeat_s}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.policy not in POLICIES:

@@ -36,6 +36,9 @@ class Executor(ABC):
     @staticmethod
     def get_class(config: SchedulerConfig) -> type[Executor]:
         backend: Any = config.executor_backend
+        if backend == "auto":
+            remote = config.worker_addresses or config.tensor_parallel_size > 1
+            backend = "zmq" if remote else "uni"
         if isinstance(backend, type):
             if not issubclass(backend, Executor):
                 raise TypeError(
