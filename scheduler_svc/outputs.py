@@ -25,6 +25,7 @@ class EngineCoreOutput:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     new_logprobs: list[TokenLogprobs] | None = None
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
 
 
 @dataclasses.dataclass(slots=True)

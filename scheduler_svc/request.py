@@ -41,7 +41,7 @@ class Request:
         "request_id", "client_id", "prompt_token_ids", "sampling_params", "eos_token_ids",
         "arrival_time", "priority", "cache_salt", "status", "stop_reason", "all_token_ids",
         "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "block_hashes",
-        "detokenizer", "stop_ids", "max_num_tokens",
+        "detokenizer", "stop_ids", "max_num_tokens", "num_cached_tokens",
     )
 
     def __init__(
@@ -72,6 +72,7 @@ class Request:
         # Tokens whose KV is (or is being, this step) written; prefix-cache hits count.
         self.num_computed_tokens = 0
         self.num_preemptions = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks, grown lazily
         self.detokenizer = detokenizer
         # A token outside stop_ids with fewer than max_num_tokens tokens cannot end the request:

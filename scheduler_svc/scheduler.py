@@ -215,7 +215,11 @@ class Scheduler:
                 break
             self.waiting.pop()
             self.running.append(request)
-            (new_reqs if request.status == RequestStatus.WAITING else resumed_reqs).append(request)
+            if request.status == RequestStatus.WAITING:
+                new_reqs.append(request)
+                request.num_cached_tokens = num_hit
+            else:
+                resumed_reqs.append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit
             self.stats.num_prefix_queries += request.num_tokens
@@ -316,7 +320,8 @@ class Scheduler:
                 logprobs: list[TokenLogprobs] | None) -> EngineCoreOutput:
         return EngineCoreOutput(
             request.client_id, new_ids, text, request.is_finished, request.status.finish_reason,
-            request.stop_reason, request.num_prompt_tokens, request.num_output_tokens, logprobs)
+            request.stop_reason, request.num_prompt_tokens, request.num_output_tokens, logprobs,
+            request.num_cached_tokens)
 
     def _build_output(
         self,
