@@ -1,5 +1,7 @@
 """Apply a packed grammar bitmask to logits: disallowed tokens get -inf."""
 
+import sys
+
 import torch
 
 from kernels._checks import check_tensor
@@ -18,11 +20,34 @@ def apply_token_bitmask(
         apply_token_bitmask_torch(logits, bitmask, row_indices)
 
 
+_BYTE_BITS: dict[torch.device, torch.Tensor] = {}
+
+
+def _byte_bits(device: torch.device) -> torch.Tensor:
+    """[256, 8] bool: row b holds the bits of byte value b, lowest first."""
+    if device not in _BYTE_BITS:
+        values = torch.arange(256, dtype=torch.int32, device=device)
+        shifts = torch.arange(8, dtype=torch.int32, device=device)
+        _BYTE_BITS[device] = ((values[:, None] >> shifts) & 1).bool()
+    return _BYTE_BITS[device]
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """[k, words] int32 -> [k, vocab] bool, True = allowed."""
-    shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [k, words, 32]
-    return bits.view(bitmask.shape[0], -1)[:, :vocab].bool()
+    k, words = bitmask.shape
+    if words * 32 < vocab:
+        raise ValueError(
+            f"bitmask has {words} words a row; a vocab of {vocab} needs {-(-vocab // 32)}"
+        )
+    if sys.byteorder == "little":
+        # Byte i of word w holds tokens 32w + 8i ...: one table lookup per byte, not 32 shifts
+        # of the whole int32 mask (4x less memory traffic on CPU).
+        data = bitmask.contiguous().view(torch.uint8).reshape(-1).int()  # [k * words * 4]
+        bits = _byte_bits(bitmask.device).index_select(0, data)  # [k * words * 4, 8]
+    else:
+        shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+        bits = ((bitmask.unsqueeze(-1) >> shifts) & 1).bool()  # [k, words, 32]
+    return bits.view(k, words * 32)[:, :vocab]
 
 
 def apply_token_bitmask_torch(
@@ -31,6 +56,8 @@ def apply_token_bitmask_torch(
     row_indices: torch.Tensor | None = None,
 ) -> None:
     vocab = logits.shape[1]
+    if bitmask.shape[0] == 0:
+        return
     disallowed = ~unpack_bitmask(bitmask, vocab)  # [k, vocab]
     if row_indices is None:
         logits[: bitmask.shape[0]].masked_fill_(disallowed, float("-inf"))

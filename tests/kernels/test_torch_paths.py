@@ -1,6 +1,7 @@
 """The torch paths (what CPU workers run) against simple references written another way."""
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -118,7 +119,9 @@ def test_rotary_embedding_rotates_pairs_by_position_angle(rotary_dim):
 
 @pytest.mark.parametrize("vocab", [31, 32, 100])
 @pytest.mark.parametrize("with_rows", [False, True])
-def test_apply_token_bitmask(vocab, with_rows):
+@pytest.mark.parametrize("byteorder", ["little", "big"])  # the byte table, or shifts of words
+def test_apply_token_bitmask(vocab, with_rows, byteorder, monkeypatch):
+    monkeypatch.setattr(sys, "byteorder", byteorder)
     rng = np.random.default_rng(vocab)
     words = -(-vocab // 32)
     allowed = rng.random((2, words * 32)) < 0.5  # [k, words * 32]
@@ -132,3 +135,10 @@ def test_apply_token_bitmask(vocab, with_rows):
     kernels.apply_token_bitmask(logits, bitmask, torch.tensor(rows) if with_rows else None)
     assert torch.equal(logits, expected)
 
+
+
+def test_apply_token_bitmask_with_no_rows_changes_nothing():
+    logits = torch.randn(2, 40)
+    before = logits.clone()
+    kernels.apply_token_bitmask(logits, torch.zeros(0, 2, dtype=torch.int32))
+    assert torch.equal(logits, before)
