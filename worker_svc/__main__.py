@@ -1,0 +1,194 @@
+"""`python -m worker_svc` (also `batchwire worker`): one worker, or a tensor-parallel group of them.
+
+With --tensor-parallel-size N and no --rank, this process starts the N ranks as child processes
+(rank r on the given ports + 2r) and watches them; with --rank it is that one rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import sys
+
+from worker_svc.config import DTYPES, WorkerConfig
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
+_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def _env(name: str, default):
+    """Options also come from BATCHWIRE_<NAME> environment variables, for containers."""
+    return os.environ.get(f"BATCHWIRE_{name.upper()}", default)
+
+
+def byte_size(text: str) -> int:
+    """'1073741824', '512M' or '1G'."""
+    text = str(text).strip().lower().removesuffix("ib").removesuffix("b")
+    unit = _UNITS.get(text[-1:], 1)
+    number = text[:-1] if text[-1:] in _UNITS else text
+    try:
+        return int(float(number) * unit)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 512M, 1G)") from None
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """The worker's options; pass a parser (a CLI sub-command's) to fill it instead of a new one."""
+    p = parser or argparse.ArgumentParser(
+        prog="python -m worker_svc",
+        description="Serve a model's forward pass and sampling to a batchwire scheduler over gRPC "
+        "and ZMQ. Every option can also be set as BATCHWIRE_<OPTION> (e.g. "
+        "BATCHWIRE_PORT=50061).",
+    )
+    model = p.add_argument_group("model")
+    model.add_argument(
+        "--model",
+        default=_env("model", None),
+        help="checkpoint directory (config.json + safetensors) or .gguf file; "
+        "default: the embedded SmolLM2-135M-Instruct",
+    )
+    model.add_argument("--dtype", default=_env("dtype", _DEFAULTS["dtype"]), choices=sorted(DTYPES))
+    model.add_argument(
+        "--device",
+        default=_env("device", _DEFAULTS["device"]),
+        help="cpu, cuda or cuda:N (default: %(default)s)",
+    )
+    model.add_argument(
+        "--attention-backend",
+        choices=("auto", "torch", "triton"),
+        default=_env("attention_backend", _DEFAULTS["attention_backend"]),
+    )
+    cache = p.add_argument_group("KV cache and batch")
+    cache.add_argument(
+        "--kv-cache-memory",
+        type=byte_size,
+        default=byte_size(_env("kv_cache_memory", _DEFAULTS["kv_cache_memory_bytes"])),
+        help="bytes for all layers' K and V (e.g. 512M, 2G; default 1G)",
+    )
+    for name, help_text in (
+        ("block_size", "tokens per KV-cache block"),
+        ("max_num_reqs", "rows of the persistent batch: most requests in one step"),
+        ("max_model_len", "longest sequence, prompt plus output"),
+        ("max_num_batched_tokens", "most tokens one step may schedule"),
+        ("max_logprobs", "most top-n logprobs a request may ask for"),
+        ("seed", "seeds the sampling of requests that bring no seed"),
+    ):
+        cache.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=int,
+            default=int(_env(name, _DEFAULTS[name])),
+            help=f"{help_text} (default: %(default)s)",
+        )
+    tp = p.add_argument_group("tensor parallel")
+    tp.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=int(_env("tensor_parallel_size", 1)),
+        help="ranks that shard the model; without --rank all are started here",
+    )
+    tp.add_argument(
+        "--rank",
+        type=int,
+        default=_env("rank", None),
+        help="serve only this rank of the group (ranks started one by one)",
+    )
+    tp.add_argument(
+        "--distributed-init-method",
+        default=_env("distributed_init_method", None),
+        help="torch.distributed rendezvous, e.g. tcp://host:29500 (default: a free "
+        "local port when this process starts the group)",
+    )
+    net = p.add_argument_group("network")
+    net.add_argument("--host", default=_env("host", "0.0.0.0"), help="address to bind")
+    net.add_argument(
+        "--port",
+        type=int,
+        default=int(_env("port", 50061)),
+        help="gRPC port (0 = any free port; rank r of a group: port + 2r)",
+    )
+    net.add_argument(
+        "--zmq-port",
+        type=int,
+        default=int(_env("zmq_port", 50062)),
+        help="ZMQ port (0 = any free port; rank r of a group: port + 2r)",
+    )
+    net.add_argument(
+        "--scheduler-address",
+        default=_env("scheduler_address", None),
+        help="host:port of a scheduler to register with once serving",
+    )
+    net.add_argument(
+        "--advertise-host",
+        default=_env("advertise_host", None),
+        help="host the scheduler should dial (default: --host, or this machine's "
+        "address when --host is 0.0.0.0)",
+    )
+    net.add_argument(
+        "--ready-file",
+        default=_env("ready_file", None),
+        help="write the bound ports here as JSON once serving",
+    )
+    net.add_argument("--log-level", default=_env("log_level", "INFO"))
+    return p
+
+
+def worker_config(
+    args: argparse.Namespace, rank: int = 0, init_method: str | None = None
+) -> WorkerConfig:
+    return WorkerConfig(
+        model=args.model,
+        dtype=args.dtype,
+        device=args.device,
+        attention_backend=args.attention_backend,
+        block_size=args.block_size,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        max_num_reqs=args.max_num_reqs,
+        max_model_len=args.max_model_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_logprobs=args.max_logprobs,
+        seed=args.seed,
+        tensor_parallel_size=args.tensor_parallel_size,
+        rank=rank,
+        distributed_init_method=init_method or _DEFAULTS["distributed_init_method"],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if args.tensor_parallel_size > 1 and args.rank is None:
+        from worker_svc.server.tp_group import run_group
+
+        return run_group(args, argv if argv is not None else sys.argv[1:])
+    return run_one(args)
+
+
+def run_one(args: argparse.Namespace) -> int:
+    from worker_svc.server.serve import LoadInterrupted, ServeOptions, serve
+
+    rank = int(args.rank or 0)
+    config = worker_config(args, rank, args.distributed_init_method)
+    options = ServeOptions(
+        host=args.host,
+        grpc_port=args.port,
+        zmq_port=args.zmq_port,
+        ready_file=args.ready_file,
+        scheduler_address=args.scheduler_address,
+        advertise_host=args.advertise_host,
+    )
+    try:
+        asyncio.run(serve(config, options))
+    except LoadInterrupted:
+        logging.getLogger(__name__).info("stopped before the model was loaded")
+        logging.shutdown()
+        os._exit(0)  # the loading thread cannot be joined
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""One worker process from start to exit: bind, load, serve both transports, drain, stop.
+
+The gRPC server comes up first and answers health checks with NOT_SERVING while the model loads;
+SERVING means the model is loaded and its KV cache allocated. SIGTERM (or a Shutdown call) drains:
+NOT_SERVING, leave the scheduler if registered, answer the call in progress, close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+import signal
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from worker_svc.config import WorkerConfig
+from worker_svc.server.grpc_server import GrpcWorkerServer
+from worker_svc.server.servicer import WorkerServicer
+from worker_svc.server.zmq_server import ZmqWorkerServer
+
+logger = logging.getLogger(__name__)
+
+
+class LoadInterrupted(Exception):
+    """SIGTERM arrived before the model was loaded; the loading thread cannot be stopped."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "0.0.0.0"
+    grpc_port: int = 50061  # 0 = any free port
+    zmq_port: int = 50062  # 0 = any free port
+    ready_file: str | None = None  # JSON with the bound ports, written once SERVING
+    scheduler_address: str | None = None  # register with this scheduler once SERVING
+    advertise_host: str | None = None  # how the scheduler reaches this worker
+    grace_s: float = 10.0  # the longest a call in progress may take to finish on shutdown
+
+
+def write_ready_file(path: str, info: dict[str, Any]) -> None:
+    """Written whole or not at all: a reader never sees half a file."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)
+
+
+async def serve(
+    config: WorkerConfig,
+    options: ServeOptions,
+    worker_factory: Callable[[WorkerConfig], Any] | None = None,
+) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    servicer = WorkerServicer(on_shutdown=lambda: loop.call_soon_threadsafe(stop.set))
+    model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+    grpc_server = GrpcWorkerServer(servicer, model_thread)
+    grpc_port = await grpc_server.start(options.host, options.grpc_port)
+    logger.info("rank %d: gRPC on %s:%d, loading the model", config.rank, options.host, grpc_port)
+    zmq_server = None
+    registration = None
+    try:
+        if worker_factory is None:
+            from worker_svc.worker import Worker as worker_factory  # noqa: N813 - loads torch
+        load = loop.run_in_executor(model_thread, worker_factory, config)
+        stopped = asyncio.ensure_future(stop.wait())
+        await asyncio.wait((load, stopped), return_when=asyncio.FIRST_COMPLETED)
+        if not load.done():
+            raise LoadInterrupted("stopped while the model was loading")
+        servicer.worker = load.result()
+        zmq_server = ZmqWorkerServer(servicer, options.host, options.zmq_port)
+        zmq_port = zmq_server.start()
+        await grpc_server.set_serving(True)
+        logger.info("rank %d: SERVING, gRPC %d, ZMQ %d", config.rank, grpc_port, zmq_port)
+        ports = {
+            "grpc_port": grpc_port,
+            "zmq_port": zmq_port,
+            "pid": os.getpid(),
+            "rank": config.rank,
+        }
+        if options.ready_file:
+            write_ready_file(options.ready_file, {"ranks": [ports]})
+        if options.scheduler_address:
+            from worker_svc.server.registration import Registration
+
+            registration = Registration(
+                options.scheduler_address,
+                options.advertise_host,
+                options.host,
+                [ports],
+                config.tensor_parallel_size,
+            )
+            await loop.run_in_executor(None, registration.register)
+        await stop.wait()
+    finally:
+        logger.info("rank %d: shutting down", config.rank)
+        await grpc_server.set_serving(False)
+        if registration is not None:
+            await loop.run_in_executor(None, registration.deregister)
+        if zmq_server is not None:
+            await loop.run_in_executor(None, zmq_server.stop)
+        await grpc_server.stop(options.grace_s)
+        model_thread.shutdown(wait=servicer.worker is not None)

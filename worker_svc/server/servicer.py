@@ -1,0 +1,124 @@
+"""The Worker service, independent of transport: method name + request bytes in, reply bytes out.
+
+Both servers (gRPC and ZMQ) call WorkerServicer.call(), so the protocol rules (the two-call step,
+what a malformed request gets) and the mapping of errors to status codes live here, once.
+Model work is serialised by a lock: the two transports may be used at the same time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from batchwire.v1 import worker_pb2
+from google.protobuf.message import DecodeError, Message
+
+from worker_svc.validation import InvalidStepError
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = "batchwire.v1.Worker"
+
+
+class WorkerCallError(Exception):
+    """A call refused or failed; carries the status code the client receives."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.message = message
+
+
+def status_for(error: Exception) -> grpc.StatusCode:
+    """The one place where an exception raised by a call becomes a status code."""
+    if isinstance(error, WorkerCallError):
+        return error.code
+    if isinstance(error, InvalidStepError | DecodeError):
+        return grpc.StatusCode.INVALID_ARGUMENT
+    return grpc.StatusCode.INTERNAL
+
+
+class WorkerServicer:
+    """Wraps a Worker (anything with get_info, execute_model, sample_tokens, reset)."""
+
+    def __init__(self, worker: Any = None, on_shutdown: Callable[[], None] | None = None) -> None:
+        self.worker = worker  # None while the model loads: calls get UNAVAILABLE
+        self.on_shutdown = on_shutdown
+        self._lock = threading.Lock()
+        self._parked = False  # ExecuteModel left logits for SampleTokens
+        # Wire method -> (request type, handler taking the parsed request, returning a message).
+        self.methods: dict[str, tuple[type[Message], Callable[[Any], Message]]] = {
+            "GetInfo": (worker_pb2.GetInfoRequest, self._get_info),
+            "ExecuteModel": (worker_pb2.SchedulerOutput, self._execute_model),
+            "SampleTokens": (worker_pb2.GrammarOutput, self._sample_tokens),
+            "Reset": (worker_pb2.ResetRequest, self._reset),
+            "Shutdown": (worker_pb2.ShutdownRequest, self._shutdown),
+        }
+
+    def call(self, method: str, payload: bytes) -> bytes:
+        """Runs one call; raises WorkerCallError with the client's status code on any failure."""
+        entry = self.methods.get(method)
+        if entry is None:
+            raise WorkerCallError(grpc.StatusCode.UNIMPLEMENTED, f"unknown method {method!r}")
+        request_type, handler = entry
+        try:
+            request = request_type.FromString(payload)
+        except DecodeError as e:
+            raise WorkerCallError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{method}: {len(payload)} bytes are not a valid {request_type.__name__}: {e}",
+            ) from e
+        if self.worker is None:
+            raise WorkerCallError(grpc.StatusCode.UNAVAILABLE, "the model is still loading")
+        with self._lock:
+            try:
+                return handler(request).SerializeToString()
+            except WorkerCallError:
+                raise
+            except Exception as e:
+                code = status_for(e)
+                if code == grpc.StatusCode.INTERNAL:
+                    logger.exception("%s failed", method)
+                raise WorkerCallError(code, f"{method}: {e}") from e
+
+    # -- handlers, called under the lock --------------------------------------------------------
+
+    def _get_info(self, _: worker_pb2.GetInfoRequest) -> worker_pb2.WorkerInfo:
+        return self.worker.get_info()
+
+    def _execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ExecuteModelResponse:
+        if self._parked:
+            raise WorkerCallError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"ExecuteModel(step_id={so.step_id}) before SampleTokens: the previous step's "
+                "logits are still parked",
+            )
+        output = self.worker.execute_model(so)
+        if output is None:
+            self._parked = True
+            return worker_pb2.ExecuteModelResponse()
+        return worker_pb2.ExecuteModelResponse(output=output)
+
+    def _sample_tokens(self, grammar: worker_pb2.GrammarOutput) -> worker_pb2.ModelRunnerOutput:
+        try:
+            output = self.worker.sample_tokens(grammar if grammar.req_ids else None)
+        except InvalidStepError:
+            raise  # a bad bitmask is refused before the logits are unparked: they stay parked
+        except Exception:
+            self._parked = False  # the runner unparked them before it failed
+            raise
+        self._parked = False
+        return output
+
+    def _reset(self, _: worker_pb2.ResetRequest) -> worker_pb2.ResetResponse:
+        self.worker.reset()
+        self._parked = False
+        return worker_pb2.ResetResponse()
+
+    def _shutdown(self, _: worker_pb2.ShutdownRequest) -> worker_pb2.ShutdownResponse:
+        if self.on_shutdown is not None:
+            self.on_shutdown()
+        return worker_pb2.ShutdownResponse()

@@ -1,0 +1,88 @@
+"""The Worker service over ZMQ: the per-step path with the least overhead.
+
+A request is two frames, [method name, serialized protobuf]; a reply is two frames,
+[status code as one byte, serialized protobuf or, on error, the UTF-8 message]. Nothing is
+pickled. One thread owns the ROUTER socket and runs each call inline: the scheduler sends one call
+at a time per worker, so there is nothing to overlap, and a hand-off to another thread would cost
+more than the call's own transport. Liveness while a long step runs is answered by libzmq's
+heartbeats, which need no Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import grpc
+import zmq
+
+from worker_svc.server.servicer import WorkerCallError, WorkerServicer
+
+logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 256 << 20
+_POLL_MS = 100  # how often the loop looks at the stop flag
+
+
+def status_frame(code: grpc.StatusCode) -> bytes:
+    return bytes((code.value[0],))
+
+
+OK = status_frame(grpc.StatusCode.OK)
+
+
+class ZmqWorkerServer:
+    def __init__(self, servicer: WorkerServicer, host: str, port: int) -> None:
+        self.servicer = servicer
+        self.context = zmq.Context(io_threads=1)
+        self.socket = self.context.socket(zmq.ROUTER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        bind_host = "*" if host in ("0.0.0.0", "", "[::]") else host
+        if port == 0:
+            self.port = self.socket.bind_to_random_port(f"tcp://{bind_host}")
+        else:
+            self.socket.bind(f"tcp://{bind_host}:{port}")
+            self.port = port
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="zmq-worker", daemon=True)
+
+    def start(self) -> int:
+        self._thread.start()
+        return self.port
+
+    def stop(self) -> None:
+        """Returns once the call in progress (if any) has been answered and the socket closed."""
+        self._stop.set()
+        self._thread.join()
+        self.context.term()
+
+    def _serve(self) -> None:
+        sock = self.socket
+        try:
+            while not self._stop.is_set():
+                if not sock.poll(_POLL_MS):
+                    continue
+                frames = sock.recv_multipart()
+                sock.send_multipart([frames[0], *self._answer(frames[1:])])
+        finally:
+            sock.close(linger=0)
+
+    def _answer(self, frames: list[bytes]) -> list[bytes]:
+        if len(frames) != 2:
+            return _error(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"expected 2 frames [method, request], got {len(frames)}",
+            )
+        method = frames[0].decode("utf-8", errors="replace")
+        try:
+            return [OK, self.servicer.call(method, frames[1])]
+        except WorkerCallError as e:
+            return _error(e.code, e.message)
+        except Exception as e:  # the loop must outlive any one call
+            logger.exception("ZMQ %s failed", method)
+            return _error(grpc.StatusCode.INTERNAL, f"{method}: {e}")
+
+
+def _error(code: grpc.StatusCode, message: str) -> list[bytes]:
+    return [status_frame(code), message.encode()]
