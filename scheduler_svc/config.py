@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from worker_svc.config import WorkerConfig
+if TYPE_CHECKING:  # worker_svc.config imports torch, which a scheduler driving remote workers
+    from worker_svc.config import WorkerConfig  # does not need
 
 POLICIES = ("fcfs", "priority")
 
@@ -72,6 +74,8 @@ class SchedulerConfig:
 
     def worker_config(self) -> WorkerConfig:
         """The settings of an in-process worker that matches this scheduler."""
+        from worker_svc.config import WorkerConfig
+
         return WorkerConfig(
             model=self.model,
             dtype=self.dtype,

@@ -134,7 +134,9 @@ class RemoteExecutor(Executor):
     def _connect(self) -> None: ...
 
     @abc.abstractmethod
-    def _send(self, method: str, payload: bytes) -> Call: ...
+    def _send(self, method: str, payload: bytes, blocking: bool) -> Call:
+        """Sends the call to every rank. `blocking`: the caller waits for the result right away,
+        so the transport may do the whole call here."""
 
     @abc.abstractmethod
     def _probe(self) -> str | None:
@@ -160,7 +162,7 @@ class RemoteExecutor(Executor):
             raise ValueError(f"{type(self).__name__} cannot call {method!r}: the Worker service "
                              f"has {sorted(WIRE_METHODS)}")
         self.check_alive()
-        call = self._send(wire.name, wire.encode(args))
+        call = self._send(wire.name, wire.encode(args), not non_block and not self._pending)
         future = ReplyFuture(self._resolve_through)
         with self._pending_lock:
             self._pending.append((call, future, wire, unique_reply_rank))

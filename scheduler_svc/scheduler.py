@@ -197,8 +197,8 @@ class Scheduler:
             budget -= n
             i += 1
 
-        # Admitting right after a preemption would only take the blocks just freed from the
-        # preempted request, which is older and waits at the front of the queue.
+        # A step that preempted is short of blocks: admitting now would hand the blocks just
+        # freed to a newcomer, and the next step would preempt again (thrashing).
         new_reqs: list[Request] = []
         resumed_reqs: list[Request] = []
         while (not preempted and len(self.waiting) and budget > 0
@@ -245,7 +245,8 @@ class Scheduler:
     def update_from_output(
         self, so: worker_pb2.SchedulerOutput, model_output: worker_pb2.ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
-        """Appends the sampled tokens, applies the stop rules, frees finished requests' blocks."""
+        """Appends the sampled tokens of step `so`, applies the stop rules, frees finished
+        requests' blocks; returns what each request gained, for the caller to stream."""
         outputs = []
         stopped: set[Request] = set()
         all_logprobs = model_output.logprobs

@@ -96,7 +96,7 @@ class ZmqExecutor(RemoteExecutor):
                 if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     break
 
-    def _send(self, method: str, payload: bytes) -> ZmqCall:
+    def _send(self, method: str, payload: bytes, blocking: bool) -> ZmqCall:
         frames = [method.encode(), payload]
         for rank, sock in enumerate(self.sockets):
             try:

@@ -1,0 +1,286 @@
+"""The scheduler service from start to exit: bind, load, warm up, serve, drain, stop.
+
+The port is bound first and health answers NOT_SERVING while the model loads; SERVING comes only
+after the workers are ready and one warm-up request has run end to end. SIGTERM (or SIGINT)
+drains: NOT_SERVING, new requests refused with UNAVAILABLE, requests in flight run to the end,
+then the server stops. A second signal stops at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.metadata
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import grpc
+from batchwire.v1 import generate_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from tqdm import tqdm
+
+from scheduler_svc.async_engine import AsyncEngine
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.engine_core import EngineCore
+from scheduler_svc.generation_servicer import SERVICE_NAME, GenerationServicer, LoadedModel
+from scheduler_svc.metrics import SchedulerMetrics, serve_metrics
+from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+_TRANSPORTS = {"UniProcExecutor": "uni", "GrpcExecutor": "grpc", "ZmqExecutor": "zmq"}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ServerConfig:
+    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
+    host: str = "0.0.0.0"
+    port: int = 50051  # 0 = any free port (written to ready_file)
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int | None = 9090  # None = no metrics server; 0 = any free port
+    ready_file: str | None = None  # JSON with the bound ports, written once bound
+    drain_timeout_s: float = 600.0  # the longest in-flight requests may take after SIGTERM
+    max_message_bytes: int = 16 << 20  # each way; a 2k-token prompt is ~10 KB
+    # Clients behind NATs and load balancers ping to keep idle connections open; accept pings
+    # every 10 s or more (gRPC's server default refuses more than one per 5 minutes).
+    min_client_ping_interval_s: float = 10.0
+    keepalive_time_s: float = 60.0  # the server pings an idle client this often ...
+    keepalive_timeout_s: float = 20.0  # ... and drops it when the answer takes longer
+    # Connections are closed after this long (plus grace for streams in flight) so that clients
+    # reconnect and spread over the replicas behind a Kubernetes Service.
+    max_connection_age_s: float = 600.0
+    max_connection_age_grace_s: float = 600.0
+    progress: bool = True  # progress bar while the model loads
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port < 65536:
+            raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
+            raise ValueError(f"metrics_port must be in [0, 65536), got {self.metrics_port}")
+        for name in ("drain_timeout_s", "min_client_ping_interval_s", "keepalive_time_s",
+                     "keepalive_timeout_s", "max_connection_age_s", "max_connection_age_grace_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.max_message_bytes < 1 << 16:
+            raise ValueError(f"max_message_bytes must be at least 64 KiB, got "
+                             f"{self.max_message_bytes}")
+
+    def grpc_options(self) -> list[tuple[str, Any]]:
+        ms = lambda s: int(s * 1000)  # noqa: E731
+        return [
+            ("grpc.max_receive_message_length", self.max_message_bytes),
+            ("grpc.max_send_message_length", self.max_message_bytes),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.http2.min_ping_interval_without_data_ms", ms(self.min_client_ping_interval_s)),
+            ("grpc.http2.max_ping_strikes", 2),
+            ("grpc.keepalive_time_ms", ms(self.keepalive_time_s)),
+            ("grpc.keepalive_timeout_ms", ms(self.keepalive_timeout_s)),
+            ("grpc.max_connection_age_ms", ms(self.max_connection_age_s)),
+            ("grpc.max_connection_age_grace_ms", ms(self.max_connection_age_grace_s)),
+            # Without this a second server on the same port starts silently and splits traffic.
+            ("grpc.so_reuseport", 0),
+        ]
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("batchwire")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def load_model(config: SchedulerConfig, progress: bool = True) -> tuple[EngineCore, Any]:
+    """The tokenizer and an engine whose workers are loaded and hold their KV cache."""
+    with tqdm(total=2, desc="Loading", unit="part", disable=not progress,
+              bar_format="{desc}: {n}/{total} {postfix} [{elapsed}]") as bar:
+        bar.set_postfix_str("tokenizer")
+        tokenizer = load_tokenizer(config.model)
+        bar.update()
+        bar.set_postfix_str("model and KV cache")
+        core = EngineCore(config, tokenizer=tokenizer)
+        bar.update()
+        bar.set_postfix_str("done")
+    return core, tokenizer
+
+
+def describe(core: EngineCore, tokenizer: Any, engine: AsyncEngine) -> LoadedModel:
+    info = core.executor.get_info()
+    executor = core.executor
+    transport = _TRANSPORTS.get(type(executor).__name__, type(executor).__name__)
+    addresses = list(getattr(executor, "addresses", None) or ["in-process"])
+    return LoadedModel(
+        engine=engine, tokenizer=tokenizer, config=core.config, model_name=info.model_name,
+        vocab_size=core.scheduler.vocab_size, max_model_len=core.scheduler.max_model_len,
+        eos_token_ids=sorted(core.scheduler.eos_token_ids), dtype=info.dtype, device=info.device,
+        tensor_parallel_size=info.tensor_parallel_size or 1, transport=transport,
+        worker_addresses=addresses)
+
+
+async def warm_up(engine: AsyncEngine, tokenizer: Any) -> None:
+    """One short request through every stage: scheduler, worker, sampler, detokenizer."""
+    ids = list(tokenizer("Hello").input_ids) or [0]
+    stream = await engine.add_request("warm-up", ids, SamplingParams(temperature=0, max_tokens=2))
+    async for _ in stream:
+        pass
+
+
+def _in_thread(fn: Any, *args: Any) -> asyncio.Future:
+    """Runs fn on a daemon thread: a model still loading must not keep the process alive."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as e:
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="load-model", daemon=True).start()
+    return asyncio.wrap_future(future)
+
+
+def _write_ready_file(path: str, info: dict) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.replace(tmp, path)  # a reader sees the whole file or none
+
+
+class SchedulerServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = SchedulerMetrics()
+        self.servicer = GenerationServicer(version(), config.max_message_bytes)
+        self.health = HealthServicer()
+        self.server = grpc.aio.server(options=config.grpc_options())
+        generate_pb2_grpc.add_GenerationServicer_to_server(self.servicer, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), self.server)
+        self.engine: AsyncEngine | None = None
+        self.port = 0
+        self.metrics_port: int | None = None
+        self._metrics_server: Any = None
+        self._stop = asyncio.Event()
+        self._signals = 0
+
+    async def run(self) -> int:
+        """Serves until SIGTERM or SIGINT, then drains; returns the exit status."""
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await self._bind()
+        self._install_signal_handlers()
+        loading = asyncio.ensure_future(_in_thread(load_model, self.config.scheduler,
+                                                   self.config.progress))
+        stop = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait((loading, stop), return_when=asyncio.FIRST_COMPLETED)
+        if not loading.done():
+            logger.info("stopped while the model was loading")
+            await self.server.stop(0)
+            return 0
+        stop.cancel()
+        core, tokenizer = loading.result()
+        self.engine = AsyncEngine(core)
+        self.engine.on_dead = self._on_engine_dead
+        self.engine.start()
+        await warm_up(self.engine, tokenizer)
+        self.engine.observer = self.metrics
+        model = describe(core, tokenizer, self.engine)
+        self.servicer.attach(model)
+        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._print_usage(model)
+        await self._stop.wait()
+        await self._drain()
+        return 0
+
+    async def _bind(self) -> None:
+        cfg = self.config
+        address = f"{cfg.host}:{cfg.port}"
+        self.port = self.server.add_insecure_port(address)
+        if not self.port:
+            raise OSError(f"cannot bind {address}")
+        await self.server.start()
+        if cfg.metrics_port is not None:
+            self._metrics_server, self.metrics_port = serve_metrics(
+                self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
+        logger.info("listening on %s:%d (metrics: %s); loading the model", cfg.host, self.port,
+                    f"port {self.metrics_port}" if self.metrics_port is not None else "off")
+        if cfg.ready_file:
+            _write_ready_file(cfg.ready_file, {"pid": os.getpid(), "port": self.port,
+                                               "metrics_port": self.metrics_port})
+
+    def _install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: int) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning("second %s: stopping now", signal.Signals(sig).name)
+            os._exit(1)
+        logger.info("%s: draining", signal.Signals(sig).name)
+        self._stop.set()
+
+    async def _drain(self) -> None:
+        self.servicer.draining = True
+        await self.health.enter_graceful_shutdown()
+        engine = self.engine
+        if engine is not None:
+            engine.stop_admitting()
+            if engine.num_active:
+                logger.info("waiting for %d requests in flight", engine.num_active)
+            try:
+                await asyncio.wait_for(engine.wait_until_idle(), self.config.drain_timeout_s)
+            except TimeoutError:
+                logger.warning("%d requests still running after %.0f s: stopping anyway",
+                               engine.num_active, self.config.drain_timeout_s)
+        await self.server.stop(grace=5.0)  # the last messages of finished streams go out
+        if engine is not None:
+            await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+        if self._metrics_server is not None:
+            self._metrics_server.shutdown()
+        logger.info("stopped")
+
+    async def _set_health(self, status: int) -> None:
+        for service in ("", SERVICE_NAME):
+            await self.health.set(service, status)
+
+    def _on_engine_dead(self, error: BaseException) -> None:
+        asyncio.ensure_future(self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING))
+
+    def _print_usage(self, model: LoadedModel) -> None:
+        host = "localhost" if self.config.host in ("0.0.0.0", "::", "[::]") else self.config.host
+        address = f"{host}:{self.port}"
+        request = json.dumps({"text": "Write a haiku about the sea.",
+                              "sampling": {"max_tokens": 48}})
+        metrics = (f", metrics on http://{host}:{self.metrics_port}/metrics"
+                   if self.metrics_port is not None else "")
+        print(f"batchwire {version()} is serving {model.model_name} on {address}{metrics}\n"
+              f"  CLI:     batchwire generate --address {address} 'Write a haiku about the sea.'\n"
+              f"           batchwire chat --address {address}\n"
+              f"  grpcurl: grpcurl -plaintext -d '{request}' {address} "
+              f"{SERVICE_NAME}/Generate\n"
+              f"  any language: the service is defined in protos/batchwire/v1/generate.proto",
+              flush=True)
+
+
+def serve(config: ServerConfig) -> int:
+    async def main() -> int:
+        return await SchedulerServer(config).run()  # grpc.aio objects belong to this loop
+
+    try:
+        return asyncio.run(main())
+    finally:
+        sys.stdout.flush()
+
+
+__all__ = ["SchedulerServer", "ServerConfig", "serve"]
