@@ -12,6 +12,9 @@ from scheduler_svc.errors import InvalidRequestError
 
 __all__ = ["InvalidRequestError", "SamplingParams", "validate_prompt"]
 
+_INT32_MAX = 2**31 - 1  # the wire's int32 fields
+_INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs")
+
 
 @dataclasses.dataclass(slots=True)
 class SamplingParams:
@@ -41,6 +44,21 @@ class SamplingParams:
         self._validate()
 
     def _validate(self) -> None:
+        # Wrong types and out-of-range ints would otherwise fail later, while the scheduler
+        # builds the protobuf for the worker, taking the whole step down with them.
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                _refuse(name, value, "must be an integer")
+        for name in ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                     "repetition_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or isinstance(value, bool):
+                _refuse(name, value, "must be a number")
+        if self.seed is not None and not 0 <= self.seed < 2**64:
+            _refuse("seed", self.seed, "must be in [0, 2**64)")
+        if self.top_k > _INT32_MAX:
+            _refuse("top_k", self.top_k, f"must be <= {_INT32_MAX}")
         if not math.isfinite(self.temperature) or self.temperature < 0:
             _refuse("temperature", self.temperature, "must be finite and >= 0")
         if not 0 < self.top_p <= 1:
@@ -51,7 +69,7 @@ class SamplingParams:
             _refuse("min_p", self.min_p, "must be in [0, 1]")
         if self.max_tokens < 1:
             _refuse("max_tokens", self.max_tokens, "must be >= 1")
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if not 0 <= self.min_tokens <= min(self.max_tokens, _INT32_MAX):
             _refuse("min_tokens", self.min_tokens, f"must be in [0, max_tokens={self.max_tokens}]")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
@@ -62,8 +80,11 @@ class SamplingParams:
         if self.logprobs is not None and self.logprobs < 0:
             _refuse("logprobs", self.logprobs, "must be >= 0")
         for s in self.stop:
-            if not s:
-                _refuse("stop", s, "stop strings must not be empty")
+            if not isinstance(s, str) or not s:
+                _refuse("stop", s, "stop strings must be non-empty strings")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int):
+                _refuse("stop_token_ids", t, "must be an integer")
 
     def validate_for(self, vocab_size: int, max_logprobs: int) -> None:
         """The checks that need the model and the server's limits."""

@@ -29,27 +29,25 @@ class ZmqCall(Call):
 
     def wait(self) -> list[Outcome]:
         ex = self.executor
-        outcomes: list[Outcome | None] = [None] * len(ex.sockets)
-        missing = len(outcomes)
-        # The common case, every reply already here or about to be, goes without a poller.
+        outcomes = []
+        # Rank by rank: every reply is needed anyway. The receive timeout (a short slice) lets a
+        # failure latched by the watcher wake the caller; a reply wakes it at once.
         for rank, sock in enumerate(ex.sockets):
-            if sock.poll(_SLICE_MS, zmq.POLLIN):
-                outcomes[rank] = self._read(rank, sock)
-                missing -= 1
-        while missing:
-            ex.check_alive()
-            if time.monotonic() > self.deadline:
-                timeout = ex.config.worker_rpc_timeout_s
-                raise WorkerUnavailableError(f"no reply within worker_rpc_timeout_s={timeout}")
-            for sock, _ in ex.poller.poll(_SLICE_MS):
-                rank = ex.sockets.index(sock)
-                if outcomes[rank] is None:
-                    outcomes[rank] = self._read(rank, sock)
-                    missing -= 1
-        return outcomes  # type: ignore[return-value]
+            while True:
+                try:
+                    frames = sock.recv_multipart()
+                    break
+                except zmq.Again:
+                    ex.check_alive()
+                    if time.monotonic() > self.deadline:
+                        timeout = ex.config.worker_rpc_timeout_s
+                        raise WorkerUnavailableError(
+                            f"no reply within worker_rpc_timeout_s={timeout}", rank,
+                            ex.addresses[rank]) from None
+            outcomes.append(self._read(rank, frames))
+        return outcomes
 
-    def _read(self, rank: int, sock: zmq.Socket) -> Outcome:
-        frames = sock.recv_multipart()
+    def _read(self, rank: int, frames: list[bytes]) -> Outcome:
         address = self.executor.addresses[rank]
         if len(frames) != 2 or len(frames[0]) != 1:
             return WorkerError(status_code(13), f"malformed reply of {len(frames)} frames",
@@ -68,7 +66,6 @@ class ZmqExecutor(RemoteExecutor):
         heartbeat_ms = max(100, int(self.config.worker_heartbeat_s * 1000))
         self.sockets: list[zmq.Socket] = []
         self.monitors: list[zmq.Socket] = []
-        self.poller = zmq.Poller()
         for address in self.addresses:
             sock = self.context.socket(zmq.DEALER)
             sock.setsockopt(zmq.LINGER, 0)
@@ -79,13 +76,13 @@ class ZmqExecutor(RemoteExecutor):
             sock.setsockopt(zmq.RECONNECT_IVL, -1)  # a lost worker is failed, not waited for
             # Messages are never queued for a worker that is not connected.
             sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.RCVTIMEO, _SLICE_MS)
             events = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
                       | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED)
             monitor = sock.get_monitor_socket(events)
             sock.connect(f"tcp://{address}")
             self.sockets.append(sock)
             self.monitors.append(monitor)
-            self.poller.register(sock, zmq.POLLIN)
         deadline = time.monotonic() + 10 * self.config.worker_heartbeat_s
         for rank, monitor in enumerate(self.monitors):
             while True:

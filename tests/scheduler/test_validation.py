@@ -31,6 +31,14 @@ PARAM_CASES = [
     ("frequency_penalty", 3.0),
     ("repetition_penalty", 0.0),
     ("stop", [""]),
+    ("seed", -1),
+    ("seed", 2**64),
+    ("top_k", 2**31),
+    ("top_k", 1.5),
+    ("max_tokens", "16"),
+    ("temperature", "hot"),
+    ("stop", [3]),
+    ("stop_token_ids", ["x"]),
 ]
 
 
