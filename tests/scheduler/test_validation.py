@@ -48,7 +48,7 @@ def test_bad_sampling_params_are_refused_naming_field_and_value(field, value):
         SamplingParams(**{field: value})
     assert e.value.field == field
     assert isinstance(e.value, ValueError)  # so callers that catch ValueError still do
-    shown = "''" if value == [""] else repr(value)
+    shown = repr(value[0]) if isinstance(value, list) else repr(value)  # a list: the bad element
     assert shown in str(e.value)
 
 
