@@ -18,11 +18,14 @@ from scheduler_svc.scheduler import Scheduler
 
 
 class EngineCore:
+    """Not thread-safe: a server calls add_request, abort_requests and step from one thread."""
+
     def __init__(self, config: SchedulerConfig, executor: Executor | None = None,
                  tokenizer: Any = None) -> None:
         self.config = config
         self.executor = executor if executor is not None else Executor.get_class(config)(config)
         info = self.executor.get_info()
+        self.worker_info = info  # model name, vocabulary, limits: for GetModelInfo and logs
         eos = set(info.eos_token_ids)
         tok_eos = getattr(tokenizer, "eos_token_id", None)
         if tok_eos is not None:

@@ -39,6 +39,11 @@ class KVCacheManager:
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks
 
+    @property
+    def usage(self) -> float:
+        """Fraction of the usable blocks held by requests (cached free blocks count as free)."""
+        return 1 - self.pool.num_free_blocks / (self.pool.num_blocks - 1)
+
     def block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 

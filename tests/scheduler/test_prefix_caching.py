@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler_svc.block_pool import BlockPool
 from scheduler_svc.kv_cache_manager import KVCacheManager
 from scheduler_svc.request import Request
@@ -75,8 +77,10 @@ def test_freed_blocks_join_the_free_queue_last_block_first():
     a_ids, b_ids = allocate(kv, a), allocate(kv, b)
     assert a_ids == [1, 2, 3, 4] and b_ids == [5, 6]
     assert [blk.block_id for blk in kv.pool.free_queue] == [7, 8, 9]
+    assert kv.usage == pytest.approx(6 / 9)
     kv.free(a)
     kv.free(b)
+    assert kv.usage == 0
     # Never-used blocks stay in front; then each freed request's tail comes before its prefix.
     assert [blk.block_id for blk in kv.pool.free_queue] == [7, 8, 9, 4, 3, 2, 1, 6, 5]
     kv.check_invariants()
