@@ -38,6 +38,7 @@ class ZmqWorkerServer:
         self.socket = self.context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self.socket.setsockopt(zmq.RCVTIMEO, _POLL_MS)
         bind_host = "*" if host in ("0.0.0.0", "", "[::]") else host
         if port == 0:
             self.port = self.socket.bind_to_random_port(f"tcp://{bind_host}")
@@ -61,9 +62,10 @@ class ZmqWorkerServer:
         sock = self.socket
         try:
             while not self._stop.is_set():
-                if not sock.poll(_POLL_MS):
-                    continue
-                frames = sock.recv_multipart()
+                try:
+                    frames = sock.recv_multipart()
+                except zmq.Again:
+                    continue  # a look at the stop flag
                 sock.send_multipart([frames[0], *self._answer(frames[1:])])
         finally:
             sock.close(linger=0)
