@@ -11,6 +11,7 @@ import torch
 from worker_svc.loaders import gguf_file, hf_checkpoint
 from worker_svc.models.config import ModelConfig
 from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.models.packed_linear import pack_linears, packing_available
 from worker_svc.parallel import TensorParallel
 
 # Hugging Face projections that the model holds fused: (fused name, position in the fusion).
@@ -50,7 +51,10 @@ def load_model(
     model.tie_weights()
     model.init_rotary(device)
     load_weights(model, tensors)
-    return model.to(dtype).eval().requires_grad_(False)
+    model = model.to(dtype).eval().requires_grad_(False)
+    if packing_available(dtype, device):
+        pack_linears(model)
+    return model
 
 
 def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
