@@ -121,3 +121,21 @@ def test_dead_or_silent_worker_fails_the_executor_within_seconds(backend, sig, s
         if sig == signal.SIGSTOP:
             worker.signal(signal.SIGCONT, rank=0)
         engine.shutdown()
+
+
+@pytest.mark.parametrize("backend", ["grpc", "zmq"])
+def test_tensor_parallel_group_gives_the_same_tokens(backend, start_worker, tiny_llama, uni_tokens):
+    """`python -m worker_svc --tensor-parallel-size 2` starts both ranks; every step goes to
+    both, rank 0 answers."""
+    group = start_worker("--tensor-parallel-size", "2")
+    assert [r["rank"] for r in group.ranks] == [0, 1]
+    config = scheduler_config(tiny_llama, backend, (group.group_address(backend),),
+                              long_prefill_token_threshold=48)
+    engine = EngineCore(config)
+    try:
+        assert [i.rank for i in engine.executor.infos] == [0, 1]
+        assert run_workload(engine) == uni_tokens
+    finally:
+        engine.shutdown()
+    group.signal(signal.SIGTERM, rank=None)
+    assert group.process.wait(timeout=20) == 0
