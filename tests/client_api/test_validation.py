@@ -1,0 +1,81 @@
+"""Every invalid input gets INVALID_ARGUMENT naming its field, costs no engine step, and the
+server keeps serving. The rules are scheduler_svc/sampling_params.py's, as a client spells them."""
+
+from __future__ import annotations
+
+import re
+
+import grpc
+import pytest
+from batchwire.v1 import generate_pb2
+
+from tests.client_api.server_process import collect, greedy, text_request
+
+pytestmark = pytest.mark.slow
+
+S = generate_pb2.SamplingParams
+R = generate_pb2.GenerateRequest
+M = generate_pb2.ChatMessage
+
+CASES = [
+    # (case id, request, the field the status message must start with)
+    ("temperature<0", text_request("Hi", S(temperature=-0.5)), "sampling.temperature"),
+    ("temperature=nan", text_request("Hi", S(temperature=float("nan"))), "sampling.temperature"),
+    ("temperature=inf", text_request("Hi", S(temperature=float("inf"))), "sampling.temperature"),
+    ("top_p=0", text_request("Hi", S(top_p=0)), "sampling.top_p"),
+    ("top_p>1", text_request("Hi", S(top_p=1.5)), "sampling.top_p"),
+    ("top_k<-1", text_request("Hi", S(top_k=-2)), "sampling.top_k"),
+    ("min_p<0", text_request("Hi", S(min_p=-0.1)), "sampling.min_p"),
+    ("min_p>1", text_request("Hi", S(min_p=1.1)), "sampling.min_p"),
+    ("max_tokens=0", text_request("Hi", S(max_tokens=0)), "sampling.max_tokens"),
+    ("max_tokens<0", text_request("Hi", S(max_tokens=-3)), "sampling.max_tokens"),
+    ("min_tokens<0", text_request("Hi", S(min_tokens=-1)), "sampling.min_tokens"),
+    ("min_tokens>max", text_request("Hi", S(max_tokens=4, min_tokens=5)), "sampling.min_tokens"),
+    ("presence>2", text_request("Hi", S(presence_penalty=2.5)), "sampling.presence_penalty"),
+    ("frequency<-2", text_request("Hi", S(frequency_penalty=-2.5)),
+     "sampling.frequency_penalty"),
+    ("repetition=0", text_request("Hi", S(repetition_penalty=0)), "sampling.repetition_penalty"),
+    ("logprobs<0", text_request("Hi", S(logprobs=-1)), "sampling.logprobs"),
+    ("logprobs>max", text_request("Hi", S(logprobs=21)), "sampling.logprobs"),
+    ("empty stop string", text_request("Hi", S(stop=["ok", ""])), "sampling.stop"),
+    ("stop id out of vocab", text_request("Hi", S(stop_token_ids=[49152])),
+     "sampling.stop_token_ids"),
+    ("stop id negative", text_request("Hi", S(stop_token_ids=[-1])), "sampling.stop_token_ids"),
+    ("no prompt", R(sampling=S(max_tokens=2)), "prompt"),
+    ("two prompts", R(text="Hi", token_ids=[1, 2]), "prompt"),
+    ("empty text", R(text=""), "text"),
+    ("token id out of vocab", R(token_ids=[100, 49152]), "token_ids"),
+    ("negative token id", R(token_ids=[-5]), "token_ids"),
+    ("prompt too long", R(token_ids=[100] * 256), "token_ids"),
+    ("text too long", R(text="hello " * 300), "text"),
+    ("empty chat role", R(messages=[M(role="", content="hi")]), "messages[0].role"),
+    ("request_id too long", R(request_id="x" * 300, text="Hi"), "request_id"),
+]
+
+
+def _steps(server) -> float:
+    match = re.search(r"^batchwire_engine_steps_total (\S+)$", server.metrics(), re.M)
+    assert match, "no step counter in /metrics"
+    return float(match.group(1))
+
+
+def test_each_invalid_input_is_refused_naming_its_field(server):
+    server.wait_idle()
+    steps = _steps(server)
+    for case, request, field in CASES:
+        with pytest.raises(grpc.RpcError) as e:
+            list(server.stub.Generate(request, timeout=30))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
+        assert e.value.details().startswith(field), (case, e.value.details())
+    assert _steps(server) == steps, "an invalid request reached the engine"
+    # Still serving, with the engine intact.
+    _, _, last, _ = collect(server.stub.Generate(text_request("Hi", greedy(3)), timeout=60))
+    assert last.finish_reason == "length" and last.usage.completion_tokens == 3
+    server.wait_idle()
+
+
+def test_unset_fields_take_the_documented_defaults(server):
+    # max_tokens unset = 16 (not 0, which would be refused); temperature unset = 1 (sampled).
+    _, _, last, _ = collect(server.stub.Generate(
+        text_request("Hi", S(ignore_eos=True)), timeout=60))
+    assert last.usage.completion_tokens == 16 and last.finish_reason == "length"
