@@ -95,13 +95,14 @@ async def serve(
                 [ports],
                 config.tensor_parallel_size,
             )
-            await loop.run_in_executor(None, registration.register)
+            registration.register()
         await stop.wait()
     finally:
         logger.info("rank %d: shutting down", config.rank)
-        await grpc_server.set_serving(False)
         if registration is not None:
+            # Still serving: the scheduler finishes or moves this group's requests first.
             await loop.run_in_executor(None, registration.deregister)
+        await grpc_server.set_serving(False)
         if zmq_server is not None:
             await loop.run_in_executor(None, zmq_server.stop)
         await grpc_server.stop(options.grace_s)
