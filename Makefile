@@ -24,8 +24,11 @@ protos: $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=protos --pyi_out=protos \
 		--grpc_python_out=protos $(PROTO_SRC)
 
+# Serves the embedded SmolLM2 to clients on port 50051 (metrics on 9090); once it serves, it
+# prints how to call it (CLI, grpcurl, the .proto files). Ctrl-C drains and stops.
 run: $(STAMP)
-	$(PY) -m scheduler_svc.demo
+	@echo "Loading the model; 'batchwire serve --help' lists the options (env BATCHWIRE_<OPTION>)."
+	$(PY) -m scheduler_svc.cli serve --port 50051
 
 test: $(STAMP)
 	$(PY) -m pytest -q
