@@ -14,6 +14,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -100,15 +101,14 @@ def version() -> str:
 
 def load_model(config: SchedulerConfig, progress: bool = True) -> tuple[EngineCore, Any]:
     """The tokenizer and an engine whose workers are loaded and hold their KV cache."""
-    with tqdm(total=2, desc="Loading", unit="part", disable=not progress,
-              bar_format="{desc}: {n}/{total} {postfix} [{elapsed}]") as bar:
-        bar.set_postfix_str("tokenizer")
+    with tqdm(total=2, disable=not progress, bar_format="{desc} ({n}/{total}) [{elapsed}]") as bar:
+        bar.set_description_str("Loading the tokenizer")
         tokenizer = load_tokenizer(config.model)
         bar.update()
-        bar.set_postfix_str("model and KV cache")
+        bar.set_description_str("Loading the model and allocating the KV cache")
         core = EngineCore(config, tokenizer=tokenizer)
         bar.update()
-        bar.set_postfix_str("done")
+        bar.set_description_str("Loaded")
     return core, tokenizer
 
 
@@ -264,13 +264,24 @@ class SchedulerServer:
                               "sampling": {"max_tokens": 48}})
         metrics = (f", metrics on http://{host}:{self.metrics_port}/metrics"
                    if self.metrics_port is not None else "")
+        cli = _cli_command()
         print(f"batchwire {version()} is serving {model.model_name} on {address}{metrics}\n"
-              f"  CLI:     batchwire generate --address {address} 'Write a haiku about the sea.'\n"
-              f"           batchwire chat --address {address}\n"
+              f"  CLI:     {cli} generate --address {address} 'Write a haiku about the sea.'\n"
+              f"           {cli} chat --address {address}\n"
               f"  grpcurl: grpcurl -plaintext -d '{request}' {address} "
               f"{SERVICE_NAME}/Generate\n"
               f"  any language: the service is defined in protos/batchwire/v1/generate.proto",
               flush=True)
+
+
+def _cli_command() -> str:
+    """How this machine's user runs the CLI: on PATH, in this virtualenv, or as a module."""
+    if shutil.which("batchwire"):
+        return "batchwire"
+    beside = os.path.join(os.path.dirname(sys.executable), "batchwire")
+    if os.path.exists(beside):
+        return os.path.relpath(beside) if not os.path.relpath(beside).startswith("..") else beside
+    return f"{sys.executable} -m scheduler_svc.cli"
 
 
 def serve(config: ServerConfig) -> int:
