@@ -132,6 +132,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="write the bound ports here as JSON once serving",
     )
     net.add_argument("--log-level", default=_env("log_level", "INFO"))
+    sec = p.add_argument_group("security (PEM files, e.g. a mounted Kubernetes Secret)")
+    sec.add_argument("--tls-cert", default=_env("tls_cert", None),
+                     help="serve gRPC over TLS with this certificate (and --tls-key)")
+    sec.add_argument("--tls-key", default=_env("tls_key", None))
+    sec.add_argument("--tls-ca", default=_env("tls_ca", None),
+                     help="require client certificates signed by this CA (mutual TLS)")
+    sec.add_argument("--health-port", type=int, default=_env("health_port", None),
+                     help="also answer health checks, and nothing else, in plaintext on this "
+                     "port (rank 0 only): Kubernetes' gRPC probes cannot speak TLS")
+    sec.add_argument("--no-zmq", action="store_true",
+                     default=str(_env("no_zmq", "")).lower() in ("1", "true", "yes", "on"),
+                     help="open no ZMQ port (it has no TLS); the scheduler uses gRPC")
     return p
 
 
@@ -169,10 +181,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_one(args: argparse.Namespace) -> int:
+    from worker_svc.security import ServerTls
     from worker_svc.server.serve import LoadInterrupted, ServeOptions, serve
 
     rank = int(args.rank or 0)
     config = worker_config(args, rank, args.distributed_init_method)
+    try:
+        tls = ServerTls.from_options(args.tls_cert, args.tls_key, args.tls_ca)
+    except ValueError as e:
+        raise SystemExit(f"batchwire worker: {e}") from None
     options = ServeOptions(
         host=args.host,
         grpc_port=args.port,
@@ -180,6 +197,9 @@ def run_one(args: argparse.Namespace) -> int:
         ready_file=args.ready_file,
         scheduler_address=args.scheduler_address,
         advertise_host=args.advertise_host,
+        tls=tls,
+        health_port=int(args.health_port) if args.health_port is not None and rank == 0 else None,
+        zmq=not args.no_zmq,
     )
     try:
         asyncio.run(serve(config, options))

@@ -136,6 +136,21 @@ def add_port(server: Any, address: str, tls: ServerTls | None) -> int:
     return server.add_secure_port(address, tls.credentials())
 
 
+async def start_health_server(health: Any, host: str, port: int) -> tuple[Any, int]:
+    """grpc.health.v1 alone, in plaintext, on a port of its own: kubelet's native gRPC probes
+    cannot speak TLS. It shares `health` (a grpc.aio HealthServicer) with the main server, so
+    both answer the same; nothing else is served on this port. Returns (server, bound port)."""
+    from grpc_health.v1 import health_pb2_grpc
+
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if not bound:
+        raise OSError(f"cannot bind the health port {host}:{port}")
+    await server.start()
+    return server, bound
+
+
 def channel(address: str, tls: ClientTls | None, options: list[tuple[str, Any]] | None = None,
             aio: bool = False) -> Any:
     """A channel to address, over TLS when configured."""
@@ -147,4 +162,4 @@ def channel(address: str, tls: ClientTls | None, options: list[tuple[str, Any]] 
     return module.secure_channel(address, tls.credentials(), options=options)
 
 
-__all__ = ["ClientTls", "ServerTls", "add_port", "channel"]
+__all__ = ["ClientTls", "ServerTls", "add_port", "channel", "start_health_server"]

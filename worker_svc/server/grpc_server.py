@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
+from worker_svc.security import ServerTls, add_port, start_health_server
 from worker_svc.server.servicer import SERVICE_NAME, WorkerCallError, WorkerServicer
 
 MAX_MESSAGE_BYTES = 256 << 20  # a full prefill step of long prompts is megabytes
@@ -69,15 +70,22 @@ class GrpcWorkerServer:
         )
         reflection.enable_server_reflection(names, self.server)
         self.port = 0
+        self.health_server = None
 
-    async def start(self, host: str, port: int) -> int:
-        """Binds (port 0 = any free port) and serves, NOT_SERVING until set_serving(True)."""
+    async def start(self, host: str, port: int, tls: ServerTls | None = None) -> int:
+        """Binds (port 0 = any free port) and serves, NOT_SERVING until set_serving(True).
+        With tls the port speaks TLS only (mutual TLS when tls names a client CA)."""
         await self.set_serving(False)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.port = add_port(self.server, f"{host}:{port}", tls)
         if self.port == 0:
             raise OSError(f"cannot bind the gRPC port {host}:{port}")
         await self.server.start()
         return self.port
+
+    async def start_health_port(self, host: str, port: int) -> int:
+        """Health checks alone, in plaintext, for probes that cannot speak TLS."""
+        self.health_server, bound = await start_health_server(self.health, host, port)
+        return bound
 
     async def set_serving(self, serving: bool) -> None:
         status = (
@@ -90,3 +98,5 @@ class GrpcWorkerServer:
 
     async def stop(self, grace_s: float) -> None:
         await self.server.stop(grace_s)
+        if self.health_server is not None:
+            await self.health_server.stop(0)

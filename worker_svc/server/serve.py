@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from worker_svc.config import WorkerConfig
+from worker_svc.security import ServerTls
 from worker_svc.server.grpc_server import GrpcWorkerServer
 from worker_svc.server.servicer import WorkerServicer
 from worker_svc.server.zmq_server import ZmqWorkerServer
@@ -38,6 +39,11 @@ class ServeOptions:
     scheduler_address: str | None = None  # register with this scheduler once SERVING
     advertise_host: str | None = None  # how the scheduler reaches this worker
     grace_s: float = 10.0  # the longest a call in progress may take to finish on shutdown
+    tls: ServerTls | None = None  # the gRPC port speaks TLS (mutual with a client CA)
+    health_port: int | None = None  # plaintext port serving health checks alone (probes)
+    # ZMQ has no TLS: a worker whose gRPC port requires client certificates opens no ZMQ port,
+    # which would let anyone on the network around them.
+    zmq: bool = True
 
 
 def write_ready_file(path: str, info: dict[str, Any]) -> None:
@@ -60,7 +66,10 @@ async def serve(
     servicer = WorkerServicer(on_shutdown=lambda: loop.call_soon_threadsafe(stop.set))
     model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
     grpc_server = GrpcWorkerServer(servicer, model_thread)
-    grpc_port = await grpc_server.start(options.host, options.grpc_port)
+    grpc_port = await grpc_server.start(options.host, options.grpc_port, options.tls)
+    health_port = None
+    if options.health_port is not None:
+        health_port = await grpc_server.start_health_port(options.host, options.health_port)
     logger.info("rank %d: gRPC on %s:%d, loading the model", config.rank, options.host, grpc_port)
     zmq_server = None
     registration = None
@@ -73,8 +82,10 @@ async def serve(
         if not load.done():
             raise LoadInterrupted("stopped while the model was loading")
         servicer.worker = load.result()
-        zmq_server = ZmqWorkerServer(servicer, options.host, options.zmq_port)
-        zmq_port = zmq_server.start()
+        zmq_port = 0
+        if options.zmq:
+            zmq_server = ZmqWorkerServer(servicer, options.host, options.zmq_port)
+            zmq_port = zmq_server.start()
         await grpc_server.set_serving(True)
         logger.info("rank %d: SERVING, gRPC %d, ZMQ %d", config.rank, grpc_port, zmq_port)
         ports = {
@@ -83,6 +94,8 @@ async def serve(
             "pid": os.getpid(),
             "rank": config.rank,
         }
+        if health_port is not None:
+            ports["health_port"] = health_port
         if options.ready_file:
             write_ready_file(options.ready_file, {"ranks": [ports]})
         if options.scheduler_address:
