@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # worker_svc.config imports torch, which a scheduler driving remote workers
     from worker_svc.config import WorkerConfig  # does not need
+    from worker_svc.security import ClientTls
 
 POLICIES = ("fcfs", "priority")
 
@@ -29,6 +30,8 @@ class SchedulerConfig:
     tensor_parallel_size: int = 1  # ranks of a locally started worker group
     worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
     worker_heartbeat_s: float = 1.0  # liveness probe period; 3 missed probes = a failed worker
+    # TLS (mutual with a client certificate) on the gRPC links to workers; ZMQ has none.
+    worker_tls: ClientTls | None = None
 
     # Scheduling.
     max_num_seqs: int = 256  # most requests running at once
@@ -58,6 +61,9 @@ class SchedulerConfig:
         if self.worker_rpc_timeout_s <= 0 or self.worker_heartbeat_s <= 0:
             raise ValueError("worker_rpc_timeout_s and worker_heartbeat_s must be positive, got "
                              f"{self.worker_rpc_timeout_s} and {self.worker_heartbeat_s}")
+        if self.worker_tls is not None and self.executor_backend in ("zmq", "auto"):
+            raise ValueError("worker TLS needs the grpc transport: ZMQ links are not encrypted "
+                             f"(executor_backend is {self.executor_backend!r})")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.policy not in POLICIES:

@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scheduler_svc.remote_executor import Call, Outcome, RemoteExecutor
 from scheduler_svc.worker_errors import WorkerError, WorkerUnavailableError
+from worker_svc import security
 
 SERVICE = "batchwire.v1.Worker"
 MAX_MESSAGE_BYTES = 256 << 20
@@ -70,7 +71,8 @@ class GrpcExecutor(RemoteExecutor):
 
     def _connect(self) -> None:
         options = channel_options(self.config.worker_heartbeat_s)
-        self.channels = [grpc.insecure_channel(a, options=options) for a in self.addresses]
+        tls = self.config.worker_tls
+        self.channels = [security.channel(a, tls, options) for a in self.addresses]
         timeout, heartbeat = self.config.worker_rpc_timeout_s, self.config.worker_heartbeat_s
         for channel, address in zip(self.channels, self.addresses, strict=True):
             try:
