@@ -182,11 +182,17 @@ class SchedulerServer:
                                                    self.config.progress))
         stop = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait((loading, stop), return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
         if not loading.done():
             logger.info("stopped while the model was loading")
             await self.server.stop(0)
             return 0
-        stop.cancel()
+        if loading.exception() is not None:
+            # Stop the server here: left to the closing event loop it would fail noisily.
+            logger.error("cannot start serving: %s", loading.exception(),
+                         exc_info=loading.exception())
+            await self.server.stop(0)
+            return 1
         core, tokenizer = loading.result()
         self.engine = AsyncEngine(core)
         self.engine.on_dead = self._on_engine_dead
