@@ -114,6 +114,34 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
             type=float)
     _option(g, "--log-level", "INFO", "logging level")
     _flag(g, "--no-progress", "no progress bar while the model loads")
+    g = p.add_argument_group("security (PEM files, e.g. a mounted Kubernetes Secret)")
+    _option(g, "--tls-cert", None, "serve clients over TLS with this certificate (and --tls-key)")
+    _option(g, "--tls-key", None, "the private key of --tls-cert")
+    _option(g, "--tls-client-ca", None, "require client certificates signed by this CA")
+    _option(g, "--api-key-file", None, "require `authorization: Bearer <key>` on the Generation "
+            "service, with a key listed in this file (one a line; read again when it changes)")
+    _option(g, "--health-port", None, "also answer health checks, and nothing else, in plaintext "
+            "on this port: Kubernetes' gRPC probes cannot speak TLS", type=int)
+
+
+def _add_worker_tls_options(g: Any) -> None:
+    _option(g, "--worker-tls-ca", None, "dial workers over TLS, trusting this CA (needs "
+            "--transport grpc)")
+    _option(g, "--worker-tls-cert", None, "client certificate presented to workers (mutual TLS)")
+    _option(g, "--worker-tls-key", None, "the private key of --worker-tls-cert")
+    _option(g, "--worker-tls-server-name", None, "the name workers' certificates carry, checked "
+            "instead of the address dialled (pods are dialled by IP)")
+
+
+def _worker_tls(args: argparse.Namespace) -> Any:
+    from worker_svc.security import ClientTls
+
+    try:
+        return ClientTls.from_options(args.worker_tls_ca, args.worker_tls_cert,
+                                      args.worker_tls_key, args.worker_tls_server_name,
+                                      what="--worker-tls")
+    except ValueError as e:
+        raise SystemExit(f"batchwire: {e}") from None
 
 
 def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig:
@@ -128,9 +156,18 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
 
 
 def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig) -> int:
+    from scheduler_svc.security import ApiKeys, ServerTls
     from scheduler_svc.server import ServerConfig, serve  # grpc and torch: only when serving
 
+    try:
+        tls = ServerTls.from_options(args.tls_cert, args.tls_key, args.tls_client_ca)
+        if args.api_key_file:
+            ApiKeys.from_file(args.api_key_file)  # a missing or empty file fails here, not later
+    except ValueError as e:
+        raise SystemExit(f"batchwire: {e}") from None
     config = ServerConfig(
+        tls=tls, api_key_file=args.api_key_file, health_port=args.health_port,
+        metrics_host=args.host,
         scheduler=scheduler, host=args.host, port=args.port,
         metrics_port=None if args.no_metrics else args.metrics_port,
         ready_file=args.ready_file, drain_timeout_s=args.drain_timeout,
@@ -153,7 +190,8 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         raise SystemExit("batchwire scheduler: give the workers with --worker-addresses "
                          "(or BATCHWIRE_WORKER_ADDRESSES); `batchwire serve` starts its own")
     return _run_server(args, _scheduler_config(args, executor_backend=args.transport,
-                                               worker_addresses=groups))
+                                               worker_addresses=groups,
+                                               worker_tls=_worker_tls(args)))
 
 
 def _delegate(module: str, what: str, argv: list[str]) -> int:
@@ -316,6 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get(env, "").replace(";", " ").split(),
                    help="one worker group per argument: its ranks' host:port on the transport's "
                    f"port, comma-separated in rank order [{env}, groups separated by spaces]")
+    _add_worker_tls_options(w)
     _add_engine_options(scheduler)
     _add_server_options(scheduler)
     scheduler.set_defaults(func=cmd_scheduler)

@@ -23,7 +23,7 @@ from typing import Any
 
 import grpc
 
-from worker_svc.security import ClientTls, ServerTls, add_port, channel
+from worker_svc.security import ClientTls, ServerTls, add_port, channel, start_health_server
 
 logger = logging.getLogger(__name__)
 
@@ -158,4 +158,4 @@ def interceptors(api_key_file: str | None) -> list[grpc.aio.ServerInterceptor]:
 
 
 __all__ = ["ApiKeyInterceptor", "ApiKeys", "ClientTls", "OPEN_SERVICES", "ServerTls",
-           "add_port", "bearer_token", "channel", "interceptors"]
+           "add_port", "bearer_token", "channel", "interceptors", "start_health_server"]

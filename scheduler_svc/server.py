@@ -34,6 +34,7 @@ from scheduler_svc.engine_core import EngineCore
 from scheduler_svc.generation_servicer import SERVICE_NAME, GenerationServicer, LoadedModel
 from scheduler_svc.metrics import SchedulerMetrics, serve_metrics
 from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.security import ServerTls, add_port, interceptors, start_health_server
 from scheduler_svc.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,9 @@ class ServerConfig:
     max_connection_age_s: float = 600.0
     max_connection_age_grace_s: float = 600.0
     progress: bool = True  # progress bar while the model loads
+    tls: ServerTls | None = None  # the client port speaks TLS (mutual with a client CA)
+    api_key_file: str | None = None  # clients must send `authorization: Bearer <key>`
+    health_port: int | None = None  # plaintext port serving health checks alone (probes)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -160,7 +164,8 @@ class SchedulerServer:
         self.metrics = SchedulerMetrics()
         self.servicer = GenerationServicer(version(), config.max_message_bytes)
         self.health = HealthServicer()
-        self.server = grpc.aio.server(options=config.grpc_options())
+        self.server = grpc.aio.server(options=config.grpc_options(),
+                                      interceptors=interceptors(config.api_key_file))
         generate_pb2_grpc.add_GenerationServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         reflection.enable_server_reflection(
@@ -169,6 +174,8 @@ class SchedulerServer:
         self.engine: AsyncEngine | None = None
         self.port = 0
         self.metrics_port: int | None = None
+        self.health_port: int | None = None
+        self._health_server: Any = None
         self._metrics_server: Any = None
         self._stop = asyncio.Event()
         self._signals = 0
@@ -210,10 +217,13 @@ class SchedulerServer:
     async def _bind(self) -> None:
         cfg = self.config
         address = f"{cfg.host}:{cfg.port}"
-        self.port = self.server.add_insecure_port(address)
+        self.port = add_port(self.server, address, cfg.tls)
         if not self.port:
             raise OSError(f"cannot bind {address}")
         await self.server.start()
+        if cfg.health_port is not None:
+            self._health_server, self.health_port = await start_health_server(
+                self.health, cfg.host, cfg.health_port)
         if cfg.metrics_port is not None:
             self._metrics_server, self.metrics_port = serve_metrics(
                 self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
@@ -221,7 +231,8 @@ class SchedulerServer:
                     f"port {self.metrics_port}" if self.metrics_port is not None else "off")
         if cfg.ready_file:
             _write_ready_file(cfg.ready_file, {"pid": os.getpid(), "port": self.port,
-                                               "metrics_port": self.metrics_port})
+                                               "metrics_port": self.metrics_port,
+                                               "health_port": self.health_port})
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -252,6 +263,8 @@ class SchedulerServer:
         await self.server.stop(grace=5.0)  # the last messages of finished streams go out
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
+        if self._health_server is not None:
+            await self._health_server.stop(0)
         if self._metrics_server is not None:
             self._metrics_server.shutdown()
         logger.info("stopped")
