@@ -185,12 +185,23 @@ class EngineMembership:
     pod delays no other event. A pod that leaves while it is still being connected is detached
     as soon as it has been attached. Each join gets a replica id of its own: a pod that was not
     ready for a moment comes back while its old replica may still be draining.
+
+    Without an engine, the first pod that connects makes one: make_engine(executor, replica_id)
+    (the engine learns the model's shape from its first worker); wait_engine() returns it.
     """
 
     def __init__(self, engine: Any, connect: Callable[[WorkerGroup], Any],
+                 make_engine: Callable[[Any, str], Any] | None = None,
                  attach_timeout_s: float = 120.0, retries: int = 3) -> None:
+        if engine is None and make_engine is None:
+            raise ValueError("give an engine, or make_engine to build one on the first pod")
         self.engine = engine
         self.connect = connect  # group -> a connected Executor (blocking)
+        self.make_engine = make_engine
+        self._engine_ready = threading.Event()
+        if engine is not None:
+            self._engine_ready.set()
+        self._creating = threading.Lock()
         self.attach_timeout_s = attach_timeout_s
         self.retries = retries
         self._wanted: dict[str, str] = {}  # group key (pod/uid) -> the replica id it joins as
@@ -217,7 +228,7 @@ class EngineMembership:
             executor = None
             try:
                 executor = self.connect(group)
-                self.engine.attach(executor, replica_id).result(self.attach_timeout_s)
+                self._attach_executor(executor, replica_id)
             except Exception as e:
                 if executor is not None:
                     executor.shutdown()
@@ -230,7 +241,24 @@ class EngineMembership:
                 self._detach(group, replica_id, "gone")
             return
 
+    def _attach_executor(self, executor: Any, replica_id: str) -> None:
+        with self._creating:
+            if self.engine is None:
+                assert self.make_engine is not None
+                self.engine = self.make_engine(executor, replica_id)
+                self._engine_ready.set()
+                return
+        self.engine.attach(executor, replica_id).result(self.attach_timeout_s)
+
+    def wait_engine(self, timeout_s: float | None = None) -> Any:
+        """The engine, once there is one (the first pod attached)."""
+        if not self._engine_ready.wait(timeout_s):
+            raise TimeoutError(f"no worker pod became ready in {timeout_s} s")
+        return self.engine
+
     def _detach(self, group: WorkerGroup, replica_id: str, reason: str) -> None:
+        if self.engine is None:
+            return  # nothing attached yet
         timeout = 0.0 if reason == "gone" else None  # None: the engine's drain window
         future = self.engine.detach(replica_id, timeout)
         future.add_done_callback(lambda f: _log_left(group, reason, f))
@@ -254,6 +282,34 @@ def _log_left(group: WorkerGroup, reason: str, future: concurrent.futures.Future
         logger.warning("pod %s: leaving failed: %s", group.pod, e)
         return
     logger.info("pod %s left (%s): %d request(s) moved, %d lost", group.pod, reason, moved, lost)
+
+
+def replicated_engine(config: Any, tokenizer: Any, drain_timeout_s: float
+                      ) -> Callable[[Any, str], Any]:
+    """make_engine for EngineMembership: a ReplicatedEngine on the first pod's executor."""
+
+    def make(executor: Any, replica_id: str) -> Any:
+        from scheduler_svc.replicas import ReplicatedEngine
+
+        engine = ReplicatedEngine(config, [executor], tokenizer=tokenizer,
+                                  drain_timeout_s=drain_timeout_s)
+        # Named after its pod like every later one (the engine has not started stepping yet).
+        engine.replicas[0].replica_id = replica_id
+        return engine
+
+    return make
+
+
+def connector(config: Any) -> Callable[[WorkerGroup], Any]:
+    """connect for EngineMembership: an executor of the configured transport on a pod's ranks."""
+    from scheduler_svc.executor import Executor
+
+    cls = Executor.get_class(config)
+    transport = getattr(cls, "transport", "")
+    if transport not in ("grpc", "zmq"):
+        raise ValueError(f"discovered workers need a remote transport (grpc or zmq), not "
+                         f"{config.executor_backend!r}")
+    return lambda group: cls(config, group.addresses(transport))
 
 
 def current_namespace(default: str = "default") -> str:

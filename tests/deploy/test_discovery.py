@@ -343,3 +343,26 @@ def test_pod_watcher_lists_then_follows_the_watch():
     assert first == {"namespace": "serving", "label_selector": "app.kubernetes.io/component=worker"}
     assert watch["watch"] is True and watch["resource_version"] == "7"
     assert watch["label_selector"] == first["label_selector"]
+
+
+def test_the_first_pod_makes_the_engine_and_later_ones_attach():
+    made: list[tuple[FakeExecutor, str]] = []
+
+    def make_engine(executor, replica_id):
+        engine = FakeEngine()
+        engine.replicas[replica_id] = executor
+        made.append((executor, replica_id))
+        return engine
+
+    members = EngineMembership(None, lambda g: FakeExecutor(g.addresses("zmq")),
+                               make_engine=make_engine)
+    with pytest.raises(TimeoutError):
+        members.wait_engine(0.01)
+    early, _ = pod_group(make_pod("w-9", ip="10.0.0.9"))
+    members.leave(early, "gone")  # before any engine: nothing to do
+    members.join(pod_group(make_pod("w-0"))[0])
+    engine = members.wait_engine(5)
+    members.join(pod_group(make_pod("w-1", ip="10.0.0.2"))[0])
+    wait_for(lambda: len(engine.replicas) == 2)
+    assert len(made) == 1 and made[0][1].startswith("w-0/")
+    members.close()
