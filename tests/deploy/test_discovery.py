@@ -366,3 +366,32 @@ def test_the_first_pod_makes_the_engine_and_later_ones_attach():
     wait_for(lambda: len(engine.replicas) == 2)
     assert len(made) == 1 and made[0][1].startswith("w-0/")
     members.close()
+
+
+def test_pod_watcher_through_the_official_client_over_http(monkeypatch, tmp_path):
+    """The client's own config loading, list and chunked watch, against a stand-in API server."""
+    from .fake_kube_api import FakeKubeApi, worker_pod
+
+    labels = {"app.kubernetes.io/name": "batchwire", "app.kubernetes.io/component": "worker"}
+    api = FakeKubeApi("serving")
+    monkeypatch.setenv("KUBECONFIG", api.write_kubeconfig(tmp_path / "kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    api.put(worker_pod("w-0", "serving", labels, 7000, 7001))
+    api.put(worker_pod("other", "serving", {"app": "else"}, 1, 2))
+    members = RecordingMembership()
+    watcher = PodWatcher(members, ",".join(f"{k}={v}" for k, v in labels.items()),
+                         namespace="serving").start()
+    try:
+        wait_for(lambda: members.log == [("join", "w-0", "")])
+        assert members.joined["w-0"].addresses("zmq") == ["127.0.0.1:7001"]
+        api.put(worker_pod("w-1", "serving", labels, 7002, 7003, ready=False))
+        api.put(worker_pod("w-1", "serving", labels, 7002, 7003))
+        api.put(worker_pod("w-0", "serving", labels, 7000, 7001, deleting=True))
+        api.put(worker_pod("w-1", "serving", labels, 7002, 7003, ip="", phase="Failed"))
+        wait_for(lambda: len(members.log) == 4)
+    finally:
+        watcher.stop()
+        api.close()
+    assert members.log[1:] == [("join", "w-1", ""), ("leave", "w-0", "drain"),
+                               ("leave", "w-1", "gone")]
+    assert any("watch=" in r for r in api.requests)
