@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 import grpc
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
+from worker_svc.security import ClientTls, channel
+
 DEFAULT_ADDRESS = "localhost:50051"
 
 # Keepalive pings every 30 s keep a long stream's connection open through proxies; the server
@@ -19,9 +21,12 @@ CHANNEL_OPTIONS = [
 
 
 class GenerationClient:
-    def __init__(self, address: str = DEFAULT_ADDRESS) -> None:
-        self.channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    def __init__(self, address: str = DEFAULT_ADDRESS, tls: ClientTls | None = None,
+                 api_key: str | None = None) -> None:
+        """tls: connect over TLS; api_key: sent as `authorization: Bearer <key>` on every call."""
+        self.channel = channel(address, tls, CHANNEL_OPTIONS)
         self.stub = generate_pb2_grpc.GenerationStub(self.channel)
+        self.metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
 
     def wait_ready(self, timeout_s: float) -> None:
         grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
@@ -29,7 +34,7 @@ class GenerationClient:
     def generate(self, request: generate_pb2.GenerateRequest, timeout_s: float | None = None
                  ) -> Iterator[generate_pb2.GenerateResponse]:
         """The response stream; closing the iterator early cancels the request."""
-        call = self.stub.Generate(request, timeout=timeout_s)
+        call = self.stub.Generate(request, timeout=timeout_s, metadata=self.metadata)
         try:
             yield from call
         finally:
