@@ -225,7 +225,15 @@ class AsyncEngine:
                 if not self.core.has_requests():
                     self._wake.wait()
                     continue
-                outputs = self.core.step()
+                try:
+                    outputs = self.core.step()
+                except Exception as e:
+                    lost = getattr(e, "request_ids", None)
+                    if lost is None:
+                        raise
+                    # Some requests lost their worker replica; the others go on (replicas.py).
+                    outputs = list(getattr(e, "outputs", ()))
+                    self._call_soon(self._fail, lost, e)
                 self._publish_stats()
                 if outputs:
                     self._call_soon(self._deliver, outputs)
@@ -271,15 +279,20 @@ class AsyncEngine:
                 command[-1].set_exception(EngineDeadError(f"the engine stopped: {error}"))
 
     def _publish_stats(self) -> None:
-        s = self.core.scheduler
-        pool = s.kv.pool
-        total = pool.num_blocks - 1
+        """Sums over the schedulers: one, or one per worker replica (a ReplicatedEngine)."""
+        replicas = getattr(self.core, "replicas", None)
+        schedulers = [r.scheduler for r in replicas] if replicas is not None else [
+            self.core.scheduler]
+        total = sum(s.kv.pool.num_blocks - 1 for s in schedulers)
         self.stats = EngineStats(
-            num_running=len(s.running), num_waiting=len(s.waiting), kv_blocks_total=total,
-            kv_blocks_used=total - pool.num_free_blocks, num_steps=s.stats.num_steps,
-            num_preemptions=s.stats.num_preemptions,
-            num_prefix_queries=s.stats.num_prefix_queries,
-            num_prefix_hits=s.stats.num_prefix_hits)
+            num_running=sum(len(s.running) for s in schedulers),
+            num_waiting=sum(len(s.waiting) for s in schedulers),
+            kv_blocks_total=total,
+            kv_blocks_used=total - sum(s.kv.pool.num_free_blocks for s in schedulers),
+            num_steps=sum(s.stats.num_steps for s in schedulers),
+            num_preemptions=sum(s.stats.num_preemptions for s in schedulers),
+            num_prefix_queries=sum(s.stats.num_prefix_queries for s in schedulers),
+            num_prefix_hits=sum(s.stats.num_prefix_hits for s in schedulers))
         if self.observer is not None:
             self.observer.observe_engine(self.stats)
 
@@ -302,6 +315,14 @@ class AsyncEngine:
                 self._forget(stream, abort=False)
                 if self.observer is not None:
                     self.observer.observe_finished(stream, out)
+
+    def _fail(self, keys: list[str], error: Exception) -> None:
+        """Ends these requests' streams with the error (the engine itself goes on)."""
+        for key in keys:
+            stream = self._streams.get(key)
+            if stream is not None:
+                stream._push(error)
+                self._forget(stream, abort=False)
 
     def _die(self, error: Exception) -> None:
         self.dead = error

@@ -155,7 +155,7 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         enable_chunked_prefill=not args.no_chunked_prefill, **extra)
 
 
-def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig) -> int:
+def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: int = 1) -> int:
     from scheduler_svc.security import ApiKeys, ServerTls
     from scheduler_svc.server import ServerConfig, serve  # grpc and torch: only when serving
 
@@ -172,16 +172,21 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig) -> int:
         metrics_port=None if args.no_metrics else args.metrics_port,
         ready_file=args.ready_file, drain_timeout_s=args.drain_timeout,
         max_message_bytes=args.max_message_size, max_connection_age_s=args.max_connection_age,
-        max_connection_age_grace_s=args.max_connection_age, progress=not args.no_progress)
+        max_connection_age_grace_s=args.max_connection_age, progress=not args.no_progress,
+        replicas=replicas)
     return serve(config)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    if args.replicas != 1:
-        raise SystemExit("batchwire serve: --replicas other than 1 needs the data-parallel "
-                         "engine (issue 4), not in this build yet")
+    transport = args.transport
+    if args.replicas > 1:
+        if transport == "uni":
+            raise SystemExit("batchwire serve: --replicas runs worker groups side by side in "
+                             "processes of their own: use --transport zmq or grpc")
+        transport = "zmq" if transport == "auto" else transport
     return _run_server(args, _scheduler_config(
-        args, executor_backend=args.transport, tensor_parallel_size=args.tensor_parallel_size))
+        args, executor_backend=transport, tensor_parallel_size=args.tensor_parallel_size),
+        replicas=args.replicas)
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
@@ -337,7 +342,8 @@ def build_parser() -> argparse.ArgumentParser:
     _option(w, "--transport", "auto", "how the scheduler reaches its workers (auto: uni for "
             "one worker, zmq for a tensor-parallel group)", choices=("auto", "uni", "grpc", "zmq"))
     _option(w, "--tensor-parallel-size", 1, "worker processes sharding the model", type=int)
-    _option(w, "--replicas", 1, "independent worker groups (data parallel)", type=int)
+    _option(w, "--replicas", 1, "independent worker groups (data parallel), each with its own "
+            "KV cache; a request goes to the least loaded", type=int)
     _add_engine_options(serve)
     _add_server_options(serve)
     serve.set_defaults(func=cmd_serve)

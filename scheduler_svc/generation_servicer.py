@@ -7,7 +7,7 @@ call. Errors leave through status_codes.abort_with, the one place that maps them
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -22,6 +22,9 @@ from scheduler_svc.status_codes import NotReadyError, abort_with
 SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 
 _WORKER_STATES = generate_pb2.WorkerState
+_STATES = {"ready": _WORKER_STATES.WORKER_STATE_READY,
+           "draining": _WORKER_STATES.WORKER_STATE_DRAINING,
+           "failed": _WORKER_STATES.WORKER_STATE_FAILED}
 
 
 @dataclasses.dataclass(slots=True)
@@ -33,13 +36,14 @@ class LoadedModel:
     config: SchedulerConfig
     model_name: str
     vocab_size: int
-    max_model_len: int  # the engine's: the smaller of the scheduler's and the worker's
+    # The engine's limits: the smaller of the scheduler's and the workers'.
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
     eos_token_ids: list[int]
     dtype: str
-    device: str
-    tensor_parallel_size: int
     transport: str
-    worker_addresses: list[str]
+    workers: Callable[[], list[Any]]  # the worker groups now, as server.WorkerView
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
@@ -115,12 +119,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             info.workers.add(address="", state=_WORKER_STATES.WORKER_STATE_LOADING)
             return info
         stats = m.engine.stats
-        state = (_WORKER_STATES.WORKER_STATE_FAILED if m.engine.dead is not None
-                 else _WORKER_STATES.WORKER_STATE_DRAINING if self.draining
-                 else _WORKER_STATES.WORKER_STATE_READY)
-        for address in m.worker_addresses:
-            info.workers.add(address=address, state=state, device=m.device,
-                             tensor_parallel_size=m.tensor_parallel_size)
+        for w in m.workers():
+            state = ("failed" if m.engine.dead is not None
+                     else "draining" if self.draining else w.state)
+            info.workers.add(address=w.address, state=_STATES[state], device=w.device,
+                             tensor_parallel_size=w.tensor_parallel_size)
         info.kv_blocks_total = stats.kv_blocks_total
         info.kv_blocks_used = stats.kv_blocks_used
         info.block_size = m.config.block_size
@@ -129,8 +132,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         info.transport = m.transport
         limits = info.limits
         limits.max_model_len = m.max_model_len
-        limits.max_num_seqs = m.engine.core.scheduler.max_num_seqs
-        limits.max_num_batched_tokens = m.engine.core.scheduler.max_num_batched_tokens
+        limits.max_num_seqs = m.max_num_seqs
+        limits.max_num_batched_tokens = m.max_num_batched_tokens
         limits.max_queued_requests = m.config.max_queued_requests
         limits.max_logprobs = m.config.max_logprobs
         return info

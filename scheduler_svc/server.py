@@ -31,7 +31,11 @@ from tqdm import tqdm
 from scheduler_svc.async_engine import AsyncEngine
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.engine_core import EngineCore
-from scheduler_svc.generation_servicer import SERVICE_NAME, GenerationServicer, LoadedModel
+from scheduler_svc.generation_servicer import (
+    SERVICE_NAME,
+    GenerationServicer,
+    LoadedModel,
+)
 from scheduler_svc.metrics import SchedulerMetrics, serve_metrics
 from scheduler_svc.sampling_params import SamplingParams
 from scheduler_svc.security import ServerTls, add_port, interceptors, start_health_server
@@ -62,6 +66,7 @@ class ServerConfig:
     max_connection_age_s: float = 600.0
     max_connection_age_grace_s: float = 600.0
     progress: bool = True  # progress bar while the model loads
+    replicas: int = 1  # worker groups started by the scheduler (data parallel)
     tls: ServerTls | None = None  # the client port speaks TLS (mutual with a client CA)
     api_key_file: str | None = None  # clients must send `authorization: Bearer <key>`
     health_port: int | None = None  # plaintext port serving health checks alone (probes)
@@ -75,6 +80,8 @@ class ServerConfig:
                      "keepalive_timeout_s", "max_connection_age_s", "max_connection_age_grace_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
         if self.max_message_bytes < 1 << 16:
             raise ValueError(f"max_message_bytes must be at least 64 KiB, got "
                              f"{self.max_message_bytes}")
@@ -103,30 +110,70 @@ def version() -> str:
         return "unknown"
 
 
-def load_model(config: SchedulerConfig, progress: bool = True) -> tuple[EngineCore, Any]:
-    """The tokenizer and an engine whose workers are loaded and hold their KV cache."""
+def load_model(config: SchedulerConfig, progress: bool = True, replicas: int = 1
+               ) -> tuple[Any, Any]:
+    """The tokenizer and an engine whose workers are loaded and hold their KV cache: an
+    EngineCore for one worker group, a ReplicatedEngine for several."""
     with tqdm(total=2, disable=not progress, bar_format="{desc} ({n}/{total}) [{elapsed}]") as bar:
         bar.set_description_str("Loading the tokenizer")
         tokenizer = load_tokenizer(config.model)
         bar.update()
         bar.set_description_str("Loading the model and allocating the KV cache")
-        core = EngineCore(config, tokenizer=tokenizer)
+        if replicas > 1 or len(config.worker_addresses) > 1:
+            from scheduler_svc.executor import Executor
+            from scheduler_svc.replicas import ReplicatedEngine
+
+            # Configured addresses name the groups; otherwise each executor starts its own.
+            executors = () if config.worker_addresses else [
+                Executor.get_class(config)(config) for _ in range(replicas)]
+            core: Any = ReplicatedEngine(config, executors, tokenizer=tokenizer)
+        else:
+            core = EngineCore(config, tokenizer=tokenizer)
         bar.update()
         bar.set_description_str("Loaded")
     return core, tokenizer
 
 
-def describe(core: EngineCore, tokenizer: Any, engine: AsyncEngine) -> LoadedModel:
-    info = core.executor.get_info()
-    executor = core.executor
-    transport = _TRANSPORTS.get(type(executor).__name__, type(executor).__name__)
-    addresses = list(getattr(executor, "addresses", None) or ["in-process"])
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkerView:
+    address: str  # its ranks' addresses, comma-separated; "in-process" for the uni transport
+    state: str  # "ready", "draining" or "failed"
+    device: str
+    tensor_parallel_size: int
+
+
+def _transport(executor: Any) -> str:
+    return _TRANSPORTS.get(type(executor).__name__, type(executor).__name__)
+
+
+def _worker_view(executor: Any, info: Any, draining: bool = False) -> WorkerView:
+    addresses = getattr(executor, "addresses", None) or ["in-process"]
+    state = ("failed" if getattr(executor, "failed", False) else
+             "draining" if draining else "ready")
+    return WorkerView(",".join(addresses), state, info.device, info.tensor_parallel_size or 1)
+
+
+def describe(core: Any, tokenizer: Any, engine: AsyncEngine) -> LoadedModel:
+    replicas = getattr(core, "replicas", None)
+    if replicas is not None:  # a ReplicatedEngine: replicas come and go while it serves
+        first = replicas[0]
+        scheduler, info, executor = first.scheduler, first.info, first.executor
+
+        def workers() -> list[WorkerView]:
+            return [_worker_view(r.executor, r.info, r.draining) for r in list(core.replicas)]
+    else:
+        scheduler, executor = core.scheduler, core.executor
+        info = executor.get_info()
+
+        def workers() -> list[WorkerView]:
+            return [_worker_view(executor, info)]
     return LoadedModel(
         engine=engine, tokenizer=tokenizer, config=core.config, model_name=info.model_name,
-        vocab_size=core.scheduler.vocab_size, max_model_len=core.scheduler.max_model_len,
-        eos_token_ids=sorted(core.scheduler.eos_token_ids), dtype=info.dtype, device=info.device,
-        tensor_parallel_size=info.tensor_parallel_size or 1, transport=transport,
-        worker_addresses=addresses)
+        vocab_size=scheduler.vocab_size, max_model_len=scheduler.max_model_len,
+        max_num_seqs=scheduler.max_num_seqs,
+        max_num_batched_tokens=scheduler.max_num_batched_tokens,
+        eos_token_ids=sorted(scheduler.eos_token_ids), dtype=info.dtype,
+        transport=_transport(executor), workers=workers)
 
 
 async def warm_up(engine: AsyncEngine, tokenizer: Any) -> None:
@@ -186,7 +233,7 @@ class SchedulerServer:
         await self._bind()
         self._install_signal_handlers()
         loading = asyncio.ensure_future(_in_thread(load_model, self.config.scheduler,
-                                                   self.config.progress))
+                                                   self.config.progress, self.config.replicas))
         stop = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait((loading, stop), return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()

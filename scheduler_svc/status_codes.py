@@ -9,6 +9,7 @@ import grpc
 
 from scheduler_svc.async_engine import EngineDeadError, NotAdmittingError, RequestIdInUseError
 from scheduler_svc.errors import InvalidRequestError, QueueFullError
+from scheduler_svc.worker_errors import WorkerUnavailableError
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +25,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (NotReadyError, grpc.StatusCode.UNAVAILABLE),
     (NotAdmittingError, grpc.StatusCode.UNAVAILABLE),
     (EngineDeadError, grpc.StatusCode.UNAVAILABLE),
+    (WorkerUnavailableError, grpc.StatusCode.UNAVAILABLE),  # no worker (replica) left for it
 )
 
 
