@@ -251,3 +251,18 @@ def test_metrics_are_served(server):
                  "batchwire_generation_tokens_total"):
         assert name in text, name
     assert 'batchwire_request_finished_total{finish_reason="length"}' in text
+
+
+def test_reflection_describes_the_service(server):
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+        ProtoReflectionDescriptorDatabase,
+    )
+
+    database = ProtoReflectionDescriptorDatabase(server.channel)
+    services = set(database.get_services())
+    assert {"batchwire.v1.Generation", "grpc.health.v1.Health"} <= services
+    pool = DescriptorPool(database)
+    method = pool.FindServiceByName("batchwire.v1.Generation").methods_by_name["Generate"]
+    assert method.output_type.full_name == "batchwire.v1.GenerateResponse"
+    assert "token_ids" in method.input_type.fields_by_name
