@@ -56,3 +56,10 @@ def test_generate_reports_a_refusal_as_a_status(server):
          "--max-tokens", "0", "Hi"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert "INVALID_ARGUMENT: sampling.max_tokens" in done.stderr
+
+
+def test_worker_delegates_to_the_worker_service(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["worker", "--help"])
+    assert e.value.code == 0
+    assert "--tensor-parallel-size" in capsys.readouterr().out
