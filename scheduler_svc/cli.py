@@ -155,7 +155,8 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         enable_chunked_prefill=not args.no_chunked_prefill, **extra)
 
 
-def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: int = 1) -> int:
+def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: int = 1,
+                **server: Any) -> int:
     from scheduler_svc.security import ApiKeys, ServerTls
     from scheduler_svc.server import ServerConfig, serve  # grpc and torch: only when serving
 
@@ -173,7 +174,7 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
         ready_file=args.ready_file, drain_timeout_s=args.drain_timeout,
         max_message_bytes=args.max_message_size, max_connection_age_s=args.max_connection_age,
         max_connection_age_grace_s=args.max_connection_age, progress=not args.no_progress,
-        replicas=replicas)
+        replicas=replicas, **server)
     return serve(config)
 
 
@@ -191,12 +192,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
     groups = tuple(g for g in args.worker_addresses if g)
-    if not groups:
+    if not groups and not args.discover_workers:
         raise SystemExit("batchwire scheduler: give the workers with --worker-addresses "
-                         "(or BATCHWIRE_WORKER_ADDRESSES); `batchwire serve` starts its own")
+                         "(or BATCHWIRE_WORKER_ADDRESSES), or --discover-workers on Kubernetes; "
+                         "`batchwire serve` starts its own")
+    if groups and args.discover_workers:
+        raise SystemExit("batchwire scheduler: --worker-addresses or --discover-workers, not both")
     return _run_server(args, _scheduler_config(args, executor_backend=args.transport,
                                                worker_addresses=groups,
-                                               worker_tls=_worker_tls(args)))
+                                               worker_tls=_worker_tls(args)),
+                       discover_workers=args.discover_workers or None,
+                       discovery_namespace=args.discovery_namespace,
+                       worker_drain_timeout_s=args.worker_drain_timeout)
 
 
 def _delegate(module: str, what: str, argv: list[str]) -> int:
@@ -360,6 +367,13 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get(env, "").replace(";", " ").split(),
                    help="one worker group per argument: its ranks' host:port on the transport's "
                    f"port, comma-separated in rank order [{env}, groups separated by spaces]")
+    _option(w, "--discover-workers", None, "Kubernetes: drive the worker pods this label "
+            "selector picks in the namespace (get/list/watch on pods), e.g. "
+            "app.kubernetes.io/component=worker")
+    _option(w, "--discovery-namespace", None, "namespace of the worker pods (default: the "
+            "scheduler pod's own)")
+    _option(w, "--worker-drain-timeout", 120.0, "seconds a leaving worker's running requests "
+            "may finish there before they move to other workers", type=float)
     _add_worker_tls_options(w)
     _add_engine_options(scheduler)
     _add_server_options(scheduler)

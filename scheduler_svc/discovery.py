@@ -26,6 +26,7 @@ import dataclasses
 import ipaddress
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -312,6 +313,20 @@ def connector(config: Any) -> Callable[[WorkerGroup], Any]:
     return lambda group: cls(config, group.addresses(transport))
 
 
+def load_discovered(config: Any, label_selector: str, namespace: str | None,
+                    drain_timeout_s: float, api: Any = None) -> tuple[Any, Any, PodWatcher]:
+    """For the scheduler service: the tokenizer, then a ReplicatedEngine built on the first
+    worker pod that is ready (this waits for it), and the watch that keeps the set up to date."""
+    from scheduler_svc.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(config.model)
+    membership = EngineMembership(None, connector(config),
+                                  make_engine=replicated_engine(config, tokenizer, drain_timeout_s))
+    watcher = PodWatcher(membership, label_selector, namespace, api).start()
+    logger.info("waiting for a worker pod to be ready (%s)", label_selector)
+    return membership.wait_engine(), tokenizer, watcher
+
+
 def current_namespace(default: str = "default") -> str:
     try:
         with open(NAMESPACE_FILE) as f:
@@ -338,12 +353,18 @@ class PodWatcher:
 
     def start(self) -> PodWatcher:
         if self._api is None:
-            from kubernetes import client, config  # the `k8s` extra
+            try:
+                from kubernetes import client, config
+            except ImportError:
+                raise RuntimeError("worker discovery needs the Kubernetes client: "
+                                   "pip install 'batchwire[k8s]'") from None
 
             try:
                 config.load_incluster_config()
             except config.ConfigException:
-                config.load_kube_config()  # outside a cluster: the operator's kubeconfig
+                # Outside a cluster: the operator's kubeconfig, read from $KUBECONFIG now
+                # (the client reads it once, at import).
+                config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
             self._api = client.CoreV1Api()
         logger.info("watching pods %r in namespace %s", self.label_selector, self.namespace)
         self._thread.start()
@@ -353,6 +374,9 @@ class PodWatcher:
         self._stop.set()
         if self._watch is not None:
             self._watch.stop()
+        close = getattr(self.membership, "close", None)
+        if close is not None:
+            close()
 
     def dispatch(self, changes: list[Change]) -> None:
         for change in changes:

@@ -70,6 +70,10 @@ class ServerConfig:
     tls: ServerTls | None = None  # the client port speaks TLS (mutual with a client CA)
     api_key_file: str | None = None  # clients must send `authorization: Bearer <key>`
     health_port: int | None = None  # plaintext port serving health checks alone (probes)
+    # Kubernetes: drive the pods this label selector picks (scheduler_svc/discovery.py).
+    discover_workers: str | None = None
+    discovery_namespace: str | None = None  # None: the pod's own namespace
+    worker_drain_timeout_s: float = 120.0  # a leaving worker's running requests may finish there
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -226,14 +230,14 @@ class SchedulerServer:
         self._metrics_server: Any = None
         self._stop = asyncio.Event()
         self._signals = 0
+        self._watcher: Any = None  # the pod watch, with discover_workers
 
     async def run(self) -> int:
         """Serves until SIGTERM or SIGINT, then drains; returns the exit status."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self._bind()
         self._install_signal_handlers()
-        loading = asyncio.ensure_future(_in_thread(load_model, self.config.scheduler,
-                                                   self.config.progress, self.config.replicas))
+        loading = asyncio.ensure_future(_in_thread(self._load))
         stop = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait((loading, stop), return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
@@ -260,6 +264,17 @@ class SchedulerServer:
         await self._stop.wait()
         await self._drain()
         return 0
+
+    def _load(self) -> tuple[Any, Any]:
+        cfg = self.config
+        if cfg.discover_workers:
+            from scheduler_svc.discovery import load_discovered
+
+            core, tokenizer, self._watcher = load_discovered(
+                cfg.scheduler, cfg.discover_workers, cfg.discovery_namespace,
+                cfg.worker_drain_timeout_s)
+            return core, tokenizer
+        return load_model(cfg.scheduler, cfg.progress, cfg.replicas)
 
     async def _bind(self) -> None:
         cfg = self.config
@@ -308,6 +323,8 @@ class SchedulerServer:
                 logger.warning("%d requests still running after %.0f s: stopping anyway",
                                engine.num_active, self.config.drain_timeout_s)
         await self.server.stop(grace=5.0)  # the last messages of finished streams go out
+        if self._watcher is not None:
+            self._watcher.stop()
         if engine is not None:
             await asyncio.get_running_loop().run_in_executor(None, engine.shutdown)
         if self._health_server is not None:
