@@ -367,3 +367,11 @@ def test_tls_overlay_probes_the_plaintext_health_port(kubectl):
             assert container(w)[probe]["grpc"]["port"] == health
     assert env(workers(docs), docs)["BATCHWIRE_NO_ZMQ"] == "1"
     assert env(scheduler(docs), docs)["BATCHWIRE_TRANSPORT"] == "grpc"
+
+
+def test_torch_threads_fit_the_cpu_limit(docs):
+    w = workers(docs)
+    e = env(w, docs)
+    cpus = float(container(w)["resources"]["limits"]["cpu"])
+    ranks = int(e.get("BATCHWIRE_TENSOR_PARALLEL_SIZE", 1))
+    assert 1 <= int(e["OMP_NUM_THREADS"]) * ranks <= cpus
