@@ -415,6 +415,8 @@ class PodWatcher:
                 self._stop.wait(backoff)
                 backoff = min(2 * backoff, 30.0)
             except Exception as e:  # the API server restarting, a network blip
+                if self._stop.is_set():
+                    return
                 logger.warning("pod watch failed: %s; listing again in %.0f s", e, backoff)
                 self._stop.wait(backoff)
                 backoff = min(2 * backoff, 30.0)
