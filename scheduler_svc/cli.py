@@ -241,6 +241,32 @@ def _add_client_options(p: argparse.ArgumentParser) -> None:
                    help="the server, host:port [BATCHWIRE_ADDRESS; default: %(default)s]")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds the whole request may take (default: no limit)")
+    p.add_argument("--tls", action="store_true", help="connect over TLS (the system's CAs)")
+    p.add_argument("--tls-ca", default=os.environ.get("BATCHWIRE_TLS_CA"),
+                   help="connect over TLS, trusting this CA (PEM) [BATCHWIRE_TLS_CA]")
+    p.add_argument("--api-key-file", default=os.environ.get("BATCHWIRE_API_KEY_FILE"),
+                   help="send the file's first key as `authorization: Bearer <key>` "
+                   "[BATCHWIRE_API_KEY_FILE; or the key itself in BATCHWIRE_API_KEY]")
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from scheduler_svc.client import GenerationClient
+    from scheduler_svc.security import parse_keys
+    from worker_svc.security import ClientTls
+
+    key = os.environ.get("BATCHWIRE_API_KEY") or None
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file) as f:
+                key = (parse_keys(f.read()) or [None])[0]
+        except OSError as e:
+            raise SystemExit(f"batchwire: cannot read {args.api_key_file!r}: "
+                             f"{e.strerror}") from None
+    try:
+        tls = ClientTls.from_options(args.tls_ca) or (ClientTls() if args.tls else None)
+    except ValueError as e:
+        raise SystemExit(f"batchwire: {e}") from None
+    return GenerationClient(args.address, tls, key)
 
 
 def _sampling(args: argparse.Namespace) -> Any:
@@ -272,8 +298,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import grpc
     from batchwire.v1 import generate_pb2
 
-    from scheduler_svc.client import GenerationClient
-
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
     if args.chat:
         messages = [("system", args.system)] if args.system else []
@@ -282,7 +306,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
                       for r, c in [*messages, ("user", prompt)]], sampling=_sampling(args))
     else:
         request = generate_pb2.GenerateRequest(text=prompt, sampling=_sampling(args))
-    with GenerationClient(args.address) as client:
+    with _client(args) as client:
         try:
             _, last = _stream(client, request, args.timeout)
         except grpc.RpcError as e:
@@ -296,12 +320,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     import grpc
 
-    from scheduler_svc.client import GenerationClient
-
     history: list[tuple[str, str]] = [("system", args.system)] if args.system else []
     print("Chatting with the model at " + args.address + ". /reset forgets the conversation, "
           "/exit or Ctrl-D leaves.", file=sys.stderr)
-    with GenerationClient(args.address) as client:
+    with _client(args) as client:
         while True:
             try:
                 line = input("you> ").strip()

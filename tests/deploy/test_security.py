@@ -239,3 +239,18 @@ def test_an_empty_key_file_is_refused_at_start_up(tmp_path):
     (tmp_path / "keys").write_text("# nothing\n\n")
     with pytest.raises(ValueError, match="no API key"):
         ApiKeys.from_file(str(tmp_path / "keys"))
+
+
+def test_cli_generate_over_tls_with_an_api_key(serve, pki, tmp_path, capsys, monkeypatch):
+    from scheduler_svc import cli
+
+    (tmp_path / "keys").write_text("secret\n")
+    server = serve(ServerTls.from_options(*pki["server"]),
+                   [ApiKeyInterceptor(ApiKeys.from_file(str(tmp_path / "keys")))])
+    address = ["--address", f"localhost:{server.port}", "--tls-ca", pki["ca"]]
+    assert cli.main(["generate", *address, "--api-key-file", str(tmp_path / "keys"),
+                     "--quiet", "hi"]) == 0
+    assert capsys.readouterr().out.strip() == "ok"
+    monkeypatch.setenv("BATCHWIRE_API_KEY", "wrong")
+    assert cli.main(["generate", *address, "hi"]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
