@@ -135,7 +135,11 @@ class Cluster:
         process = Process(command, ready, self.tmp / "scheduler.log", env)
         self.processes["scheduler"] = process
         port = process.wait_ready()["port"]
-        wait_until(lambda: probe(port, ""), 240, f"scheduler serving:\n{process.log()}")
+        (c,) = self.scheduler["spec"]["template"]["spec"]["containers"]
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            service = c[kind]["grpc"].get("service", "")
+            wait_until(lambda s=service: probe(port, s), 240,
+                       f"scheduler {kind} passes:\n{process.log()}")
         return port
 
     def stop(self) -> None:
