@@ -7,7 +7,11 @@ measured in the same run, is a bare echo of the same byte sizes, frames and call
 same transport between two processes (ZMQ ROUTER/DEALER; gRPC sync unary, and aio unary since
 the worker's gRPC server is grpc.aio).
 
-    .venv/bin/python -m benchmarks.transport --requests 256 --steps 2000 --rounds 3
+    .venv/bin/python -m benchmarks.transport --requests 256 --steps 200 --rounds 20
+
+With --w64, also workload W64 on the default model end to end (LLM.generate) with the in-process
+worker and with a local worker process over ZMQ and over gRPC, the three taking turns: useful
+output tokens per second, and what each transport costs against in-process.
 """
 
 from __future__ import annotations
@@ -218,6 +222,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200, help="timed steps per case per round")
     ap.add_argument("--rounds", type=int, default=20,
                     help="rounds; the cases take turns within each, so load drifts hit all alike")
+    ap.add_argument("--w64", action="store_true", help="also W64 end to end on the default model")
+    ap.add_argument("--w64-rounds", type=int, default=3)
+    ap.add_argument("--w64-only", action="store_true", help="skip the per-step measurement")
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--ready-file", help=argparse.SUPPRESS)
     ap.add_argument("--reply-bytes", type=int, default=0, help=argparse.SUPPRESS)
@@ -229,7 +237,10 @@ def main() -> None:
                    "grpc-aio-echo": lambda: serve_grpc_aio_echo(args.ready_file, args.reply_bytes)}
         servers[args.serve]()
         return
-    run(args)
+    if not args.w64_only:
+        run(args)
+    if args.w64 or args.w64_only:
+        run_w64(args)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -292,6 +303,43 @@ def run(args: argparse.Namespace) -> None:
           f"(vs an aio echo: {med['grpc'] / med['grpc aio echo']:.2f}x)")
     print(f"grpc / zmq: {med['grpc'] / med['zmq']:.2f}x; "
           f"in-process step {med['in-process']:.1f} us")
+
+
+def run_w64(args: argparse.Namespace) -> None:
+    from benchmarks.offline_w64 import w64
+    from scheduler_svc.llm import LLM
+
+    workload = w64()
+    prompts = [p for p, _ in workload]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in workload]
+    useful = sum(n for _, n in workload)
+    settings = dict(dtype=args.dtype, kv_cache_memory_bytes=512 << 20, max_num_seqs=64,
+                    max_num_batched_tokens=2048, max_model_len=512)
+    engines = {name: LLM(executor_backend=name, **settings) for name in ("uni", "zmq", "grpc")}
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    reference = None
+    try:
+        for llm in engines.values():  # warm-up: first forward passes of each shape
+            llm.generate(prompts[:8], params[:8], use_tqdm=False)
+        for _ in range(args.w64_rounds):
+            for name, llm in engines.items():
+                print(f"  W64 on {name} ...", flush=True)
+                t0 = time.perf_counter()
+                outputs = llm.generate(prompts, params, use_tqdm=False)
+                rates[name].append(useful / (time.perf_counter() - t0))
+                tokens = [o.token_ids for o in outputs]
+                reference = reference or tokens
+                assert tokens == reference, f"{name} gave other tokens than uni"
+    finally:
+        for llm in engines.values():
+            llm.shutdown()
+    med = {name: statistics.median(r) for name, r in rates.items()}
+    print(f"W64 ({len(workload)} requests, {useful} useful output tokens, {args.dtype}), median "
+          f"of {args.w64_rounds} rounds, the three taking turns; tokens identical across them")
+    for name, rate in med.items():
+        cost = 100 * (1 - rate / med["uni"])
+        print(f"{name:<6}{rate:>10.1f} tok/s   cost vs in-process {cost:+.1f}%   "
+              f"runs {', '.join(f'{r:.1f}' for r in rates[name])}")
 
 
 def _fields(config: SchedulerConfig) -> dict:

@@ -152,8 +152,9 @@ class RemoteExecutor(Executor):
         return self._failure is not None
 
     def check_alive(self) -> None:
-        if self._failure is not None:
-            raise self._failure
+        failure = self._failure
+        if failure is not None:  # a fresh error each time: one instance would pile up tracebacks
+            raise WorkerUnavailableError(failure.message, failure.rank, failure.address)
 
     def collective_rpc(self, method: str, args: tuple = (), non_block: bool = False,
                        unique_reply_rank: int | None = None) -> Any:
@@ -213,7 +214,7 @@ class RemoteExecutor(Executor):
             if fatal:
                 self._fail(WorkerUnavailableError(f"{wire.name} failed: {fatal[0]}",
                                                   fatal[0].rank, fatal[0].address))
-                raise self._failure from fatal[0]  # type: ignore[misc]
+                self.check_alive()
             raise errors[0]
         try:
             if reply_rank is not None:
@@ -221,7 +222,8 @@ class RemoteExecutor(Executor):
             return [wire.decode(o) for o in outcomes]  # type: ignore[arg-type]
         except Exception as e:
             self._fail(WorkerUnavailableError(f"{wire.name}: unreadable reply: {e}"))
-            raise self._failure from e  # type: ignore[misc]
+            self.check_alive()
+            raise  # unreachable: check_alive raised
 
     # -- failure ------------------------------------------------------------------------------
 
@@ -243,7 +245,7 @@ class RemoteExecutor(Executor):
         for call, future, *_ in pending:
             call.cancel()
             if not future.done():
-                future.set_exception(self._failure)
+                future.set_exception(WorkerUnavailableError(self._failure.message))
 
     def _watch(self) -> None:
         period = self.config.worker_heartbeat_s

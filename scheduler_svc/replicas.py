@@ -25,7 +25,7 @@ import itertools
 import logging
 import queue
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -89,6 +89,9 @@ class ReplicatedEngine:
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self.num_moved = 0  # requests re-queued on another replica, for metrics and tests
+        # Called (from the calling thread) after attach() or detach() queued a change, so that a
+        # loop waiting for requests wakes up and applies it: an idle engine would not step.
+        self.wake: Callable[[], None] | None = None
         for executor in executors or self._connect_configured():
             self._add_replica(executor)
 
@@ -107,6 +110,8 @@ class ReplicatedEngine:
         requests (at the engine's next step)."""
         done: Future = Future()
         self._commands.put(("attach", executor, replica_id, done))
+        if self.wake is not None:
+            self.wake()
         return done
 
     def detach(self, replica_id: str, timeout_s: float | None = None) -> Future:
@@ -115,6 +120,8 @@ class ReplicatedEngine:
         there; after it they move to other replicas."""
         done: Future = Future()
         self._commands.put(("detach", replica_id, timeout_s, done))
+        if self.wake is not None:
+            self.wake()
         return done
 
     # -- the engine interface (one thread) ------------------------------------------------------

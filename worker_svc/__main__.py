@@ -131,19 +131,39 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=_env("ready_file", None),
         help="write the bound ports here as JSON once serving",
     )
+    net.add_argument(
+        "--parent-pid",
+        type=int,
+        default=None,
+        help="exit (as on SIGTERM) once this process is gone: set by a scheduler or a group "
+        "launcher that started this worker, so that none outlives it",
+    )
     net.add_argument("--log-level", default=_env("log_level", "INFO"))
     sec = p.add_argument_group("security (PEM files, e.g. a mounted Kubernetes Secret)")
-    sec.add_argument("--tls-cert", default=_env("tls_cert", None),
-                     help="serve gRPC over TLS with this certificate (and --tls-key)")
+    sec.add_argument(
+        "--tls-cert",
+        default=_env("tls_cert", None),
+        help="serve gRPC over TLS with this certificate (and --tls-key)",
+    )
     sec.add_argument("--tls-key", default=_env("tls_key", None))
-    sec.add_argument("--tls-ca", default=_env("tls_ca", None),
-                     help="require client certificates signed by this CA (mutual TLS)")
-    sec.add_argument("--health-port", type=int, default=_env("health_port", None),
-                     help="also answer health checks, and nothing else, in plaintext on this "
-                     "port (rank 0 only): Kubernetes' gRPC probes cannot speak TLS")
-    sec.add_argument("--no-zmq", action="store_true",
-                     default=str(_env("no_zmq", "")).lower() in ("1", "true", "yes", "on"),
-                     help="open no ZMQ port (it has no TLS); the scheduler uses gRPC")
+    sec.add_argument(
+        "--tls-ca",
+        default=_env("tls_ca", None),
+        help="require client certificates signed by this CA (mutual TLS)",
+    )
+    sec.add_argument(
+        "--health-port",
+        type=int,
+        default=_env("health_port", None),
+        help="also answer health checks, and nothing else, in plaintext on this "
+        "port (rank 0 only): Kubernetes' gRPC probes cannot speak TLS",
+    )
+    sec.add_argument(
+        "--no-zmq",
+        action="store_true",
+        default=str(_env("no_zmq", "")).lower() in ("1", "true", "yes", "on"),
+        help="open no ZMQ port (it has no TLS); the scheduler uses gRPC",
+    )
     return p
 
 
@@ -200,6 +220,7 @@ def run_one(args: argparse.Namespace) -> int:
         tls=tls,
         health_port=int(args.health_port) if args.health_port is not None and rank == 0 else None,
         zmq=not args.no_zmq,
+        parent_pid=args.parent_pid,
     )
     try:
         asyncio.run(serve(config, options))

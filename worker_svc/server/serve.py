@@ -44,6 +44,7 @@ class ServeOptions:
     # ZMQ has no TLS: a worker whose gRPC port requires client certificates opens no ZMQ port,
     # which would let anyone on the network around them.
     zmq: bool = True
+    parent_pid: int | None = None  # stop once this process is gone (whoever started us)
 
 
 def write_ready_file(path: str, info: dict[str, Any]) -> None:
@@ -64,6 +65,8 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     servicer = WorkerServicer(on_shutdown=lambda: loop.call_soon_threadsafe(stop.set))
+    if options.parent_pid is not None:
+        orphan_watch = asyncio.ensure_future(_stop_when_orphaned(options.parent_pid, stop))
     model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
     grpc_server = GrpcWorkerServer(servicer, model_thread)
     grpc_port = await grpc_server.start(options.host, options.grpc_port, options.tls)
@@ -120,3 +123,13 @@ async def serve(
             await loop.run_in_executor(None, zmq_server.stop)
         await grpc_server.stop(options.grace_s)
         model_thread.shutdown(wait=servicer.worker is not None)
+        if options.parent_pid is not None:
+            orphan_watch.cancel()
+
+
+async def _stop_when_orphaned(parent_pid: int, stop: asyncio.Event, period_s: float = 1.0) -> None:
+    """A parent that dies without stopping us (SIGKILL, a crash) re-parents us: then we stop."""
+    while os.getppid() == parent_pid:
+        await asyncio.sleep(period_s)
+    logger.warning("the process that started this worker (%d) is gone: stopping", parent_pid)
+    stop.set()

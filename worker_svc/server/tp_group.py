@@ -64,6 +64,7 @@ def run_group(args: argparse.Namespace, argv: list[str]) -> int:
             "--ready-file",
             "--distributed-init-method",
             "--scheduler-address",
+            "--parent-pid",
         ),
     )
     tmp = tempfile.mkdtemp(prefix="batchwire-tp-")
@@ -89,6 +90,8 @@ def run_group(args: argparse.Namespace, argv: list[str]) -> int:
                 init_method,
                 "--ready-file",
                 os.path.join(tmp, f"rank{rank}.json"),
+                "--parent-pid",
+                str(os.getpid()),
             ]
             children.append(subprocess.Popen(cmd))
         ranks = _wait_ready(children, tmp, stop)
@@ -105,6 +108,9 @@ def run_group(args: argparse.Namespace, argv: list[str]) -> int:
             registration.register()
         logger.info("tensor-parallel group of %d serving", size)
         while not stop.wait(0.5):
+            if args.parent_pid is not None and os.getppid() != args.parent_pid:
+                logger.warning("the process that started this group is gone: stopping")
+                return 0
             dead = [c for c in children if c.poll() is not None]
             if dead:
                 logger.error(
