@@ -64,7 +64,7 @@ class LocalWorkerGroup:
         ready = os.path.join(tempfile.mkdtemp(prefix="batchwire-worker-"), "ready.json")
         cmd = [sys.executable, "-m", "worker_svc", *worker_argv(config),
                "--tensor-parallel-size", str(tensor_parallel_size), "--host", host,
-               "--port", "0", "--zmq-port", "0", "--ready-file", ready,
+               "--port", "0", "--zmq-port", "0", "--metrics-port", "0", "--ready-file", ready,
                "--parent-pid", str(os.getpid()), *extra_argv]
         if tensor_parallel_size == 1:
             cmd += ["--rank", "0"]

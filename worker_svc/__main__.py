@@ -138,6 +138,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="exit (as on SIGTERM) once this process is gone: set by a scheduler or a group "
         "launcher that started this worker, so that none outlives it",
     )
+    net.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(_env("metrics_port", 9091)),
+        help="Prometheus /metrics port (0 = any free port; rank r of a group: port + r; "
+        "a taken port is logged and skipped)",
+    )
+    net.add_argument("--no-metrics", action="store_true", help="serve no /metrics")
     net.add_argument("--log-level", default=_env("log_level", "INFO"))
     sec = p.add_argument_group("security (PEM files, e.g. a mounted Kubernetes Secret)")
     sec.add_argument(
@@ -221,6 +229,9 @@ def run_one(args: argparse.Namespace) -> int:
         health_port=int(args.health_port) if args.health_port is not None and rank == 0 else None,
         zmq=not args.no_zmq,
         parent_pid=args.parent_pid,
+        metrics_port=None
+        if args.no_metrics
+        else (args.metrics_port + rank if args.metrics_port else 0),
     )
     try:
         asyncio.run(serve(config, options))

@@ -62,5 +62,5 @@ def worker(tmp: Path, name: str, *args: str, env: dict[str, str] | None = None) 
     """`python -m worker_svc` with the given options, on free loopback ports."""
     ready = tmp / f"{name}.ready.json"
     cmd = [sys.executable, "-m", "worker_svc", "--host", "127.0.0.1", "--port", "0",
-           "--zmq-port", "0", "--ready-file", str(ready), *args]
+           "--zmq-port", "0", "--metrics-port", "0", "--ready-file", str(ready), *args]
     return Process(cmd, ready, tmp / f"{name}.log", env)

@@ -58,7 +58,7 @@ class WorkerProcess:
     def __init__(self, model: str, directory, *extra: str) -> None:
         self.ready_file = os.path.join(directory, f"ready-{time.monotonic_ns()}.json")
         cmd = [sys.executable, "-m", "worker_svc", "--model", model, *WORKER_ARGS,
-               "--host", "127.0.0.1", "--port", "0", "--zmq-port", "0",
+               "--host", "127.0.0.1", "--port", "0", "--zmq-port", "0", "--metrics-port", "0",
                "--ready-file", self.ready_file, "--log-level", "WARNING", *extra]
         self.process = subprocess.Popen(cmd, start_new_session=True)
         self.ranks: list[dict] = []

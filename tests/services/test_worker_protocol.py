@@ -182,3 +182,29 @@ def test_sigterm_shuts_down_cleanly(start_worker):
     worker = start_worker()
     worker.signal(signal.SIGTERM, rank=0)
     assert worker.process.wait(timeout=15) == 0
+
+
+def test_worker_metrics_count_both_calls(start_worker):
+    """/metrics (a free port here, 9091 by default) times ExecuteModel and SampleTokens."""
+    import urllib.request
+
+    worker = start_worker()
+    port = worker.ranks[0]["metrics_port"]
+    channel = grpc.insecure_channel(worker.address("grpc"))
+    execute = channel.unary_unary("/batchwire.v1.Worker/ExecuteModel",
+                                  pb.SchedulerOutput.SerializeToString,
+                                  pb.ExecuteModelResponse.FromString)
+    sample = channel.unary_unary("/batchwire.v1.Worker/SampleTokens",
+                                 pb.GrammarOutput.SerializeToString,
+                                 pb.ModelRunnerOutput.FromString)
+    so = pb.SchedulerOutput(total_num_scheduled_tokens=4)
+    so.scheduled_new_reqs.add(req_id="m", prompt_token_ids=[1, 2, 3, 4], block_ids=[1],
+                              num_scheduled_tokens=4,
+                              sampling=pb.RequestSamplingParams(top_p=1, repetition_penalty=1))
+    assert not execute(so).HasField("output")
+    assert len(sample(pb.GrammarOutput()).sampled_token_ids[0].ids) == 1
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'batchwire_worker_execute_model_seconds_count{rank="0"} 1.0' in text
+    assert 'batchwire_worker_sample_tokens_seconds_count{rank="0"} 1.0' in text
+    assert 'batchwire_worker_scheduled_tokens_total{rank="0"} 4.0' in text
+    channel.close()

@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from worker_svc.config import WorkerConfig
+from worker_svc.metrics import WorkerMetrics
 from worker_svc.security import ServerTls
 from worker_svc.server.grpc_server import GrpcWorkerServer
 from worker_svc.server.servicer import WorkerServicer
@@ -45,6 +46,7 @@ class ServeOptions:
     # which would let anyone on the network around them.
     zmq: bool = True
     parent_pid: int | None = None  # stop once this process is gone (whoever started us)
+    metrics_port: int | None = 9091  # Prometheus /metrics; 0 = any free port, None = off
 
 
 def write_ready_file(path: str, info: dict[str, Any]) -> None:
@@ -64,7 +66,13 @@ async def serve(
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    servicer = WorkerServicer(on_shutdown=lambda: loop.call_soon_threadsafe(stop.set))
+    metrics = WorkerMetrics(config.rank)
+    servicer = WorkerServicer(
+        on_shutdown=lambda: loop.call_soon_threadsafe(stop.set), metrics=metrics
+    )
+    metrics_port = None
+    if options.metrics_port is not None:
+        metrics_port = metrics.serve(options.host, options.metrics_port)
     if options.parent_pid is not None:
         orphan_watch = asyncio.ensure_future(_stop_when_orphaned(options.parent_pid, stop))
     model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
@@ -99,6 +107,8 @@ async def serve(
         }
         if health_port is not None:
             ports["health_port"] = health_port
+        if metrics_port is not None:
+            ports["metrics_port"] = metrics_port
         if options.ready_file:
             write_ready_file(options.ready_file, {"ranks": [ports]})
         if options.scheduler_address:

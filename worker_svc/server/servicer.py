@@ -17,6 +17,7 @@ import grpc
 from batchwire.v1 import worker_pb2
 from google.protobuf.message import DecodeError, Message
 
+from worker_svc.metrics import WorkerMetrics
 from worker_svc.validation import InvalidStepError
 
 logger = logging.getLogger(__name__)
@@ -45,9 +46,15 @@ def status_for(error: Exception) -> grpc.StatusCode:
 class WorkerServicer:
     """Wraps a Worker (anything with get_info, execute_model, sample_tokens, reset)."""
 
-    def __init__(self, worker: Any = None, on_shutdown: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        worker: Any = None,
+        on_shutdown: Callable[[], None] | None = None,
+        metrics: WorkerMetrics | None = None,
+    ) -> None:
         self.worker = worker  # None while the model loads: calls get UNAVAILABLE
         self.on_shutdown = on_shutdown
+        self.metrics = metrics
         self._lock = threading.Lock()
         self._parked = False  # ExecuteModel left logits for SampleTokens
         self._seconds_per_token: float | None = None  # of recent forward passes
@@ -86,8 +93,12 @@ class WorkerServicer:
             raise WorkerCallError(grpc.StatusCode.UNAVAILABLE, "the model is still loading")
         if not self._lock.acquire(blocking=wait):
             return None
+        start = time.perf_counter()
+        ok = False
         try:
-            return self.methods[method][1](request).SerializeToString()
+            reply = self.methods[method][1](request).SerializeToString()
+            ok = True
+            return reply
         except WorkerCallError:
             raise
         except Exception as e:
@@ -97,6 +108,8 @@ class WorkerServicer:
             raise WorkerCallError(code, f"{method}: {e}") from e
         finally:
             self._lock.release()
+            if self.metrics is not None:
+                self.metrics.observe(method, time.perf_counter() - start, request, ok)
 
     def expected_seconds(self, method: str, request: Message) -> float:
         """How long the call will likely hold the model, from the steps seen so far; a forward
