@@ -18,20 +18,30 @@ class WorkerMetrics:
         self.registry = CollectorRegistry()
         labels = {"rank": str(rank)}
         self.execute_model = Histogram(
-            "batchwire_worker_execute_model_seconds", "Time of ExecuteModel calls (forward pass)",
-            ["rank"], buckets=_STEP_BUCKETS, registry=self.registry,
+            "batchwire_worker_execute_model_seconds",
+            "Time of ExecuteModel calls (forward pass)",
+            ["rank"],
+            buckets=_STEP_BUCKETS,
+            registry=self.registry,
         ).labels(**labels)
         self.sample_tokens = Histogram(
-            "batchwire_worker_sample_tokens_seconds", "Time of SampleTokens calls (sampling)",
-            ["rank"], buckets=_STEP_BUCKETS, registry=self.registry,
+            "batchwire_worker_sample_tokens_seconds",
+            "Time of SampleTokens calls (sampling)",
+            ["rank"],
+            buckets=_STEP_BUCKETS,
+            registry=self.registry,
         ).labels(**labels)
         self.scheduled_tokens = Counter(
-            "batchwire_worker_scheduled_tokens", "Tokens computed by forward passes",
-            ["rank"], registry=self.registry,
+            "batchwire_worker_scheduled_tokens",
+            "Tokens computed by forward passes",
+            ["rank"],
+            registry=self.registry,
         ).labels(**labels)
         self.errors = Counter(
-            "batchwire_worker_call_errors", "Calls answered with an error, by method",
-            ["rank", "method"], registry=self.registry,
+            "batchwire_worker_call_errors",
+            "Calls answered with an error, by method",
+            ["rank", "method"],
+            registry=self.registry,
         )
         self.rank = str(rank)
 
