@@ -102,7 +102,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "local port when this process starts the group)",
     )
     net = p.add_argument_group("network")
-    net.add_argument("--host", default=_env("host", "0.0.0.0"), help="address to bind")
+    net.add_argument(
+        "--host",
+        default=_env("host", "127.0.0.1"),
+        help="address to bind: loopback by default, the pod IP in Kubernetes "
+        "(0.0.0.0 = every interface)",
+    )
     net.add_argument(
         "--port",
         type=int,

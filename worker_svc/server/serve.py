@@ -33,7 +33,7 @@ class LoadInterrupted(Exception):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServeOptions:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # internal ports: loopback unless told (the pod IP in Kubernetes)
     grpc_port: int = 50061  # 0 = any free port
     zmq_port: int = 50062  # 0 = any free port
     ready_file: str | None = None  # JSON with the bound ports, written once SERVING
