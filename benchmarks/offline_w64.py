@@ -81,11 +81,7 @@ def main() -> None:
     llm = LLM(dtype=args.dtype, max_num_seqs=64, max_model_len=512,
               max_num_batched_tokens=args.max_num_batched_tokens)
     run_batchwire(llm, workload[:4])  # warm-up: first-call allocations, lazy inits
-    ours = [run_batchwire(llm, workload) for _ in range(args.repeats)]
-    results = {"batchwire LLM.generate": ours}
-    llm.shutdown()
-    del llm
-
+    model = None
     sizes = [int(b) for b in args.hf_batch_sizes.split(",") if b]
     if sizes:
         from transformers import AutoModelForCausalLM
@@ -95,9 +91,14 @@ def main() -> None:
         folder, name = os.path.split(default_model_path())
         model = AutoModelForCausalLM.from_pretrained(
             folder, gguf_file=name, dtype=getattr(torch, args.dtype)).eval()
+
+    # Each repeat runs every configuration once, so drifting load on a shared machine hits all.
+    results: dict[str, list[float]] = {}
+    for _ in range(args.repeats):
+        results.setdefault("batchwire LLM.generate", []).append(run_batchwire(llm, workload))
         for b in sizes:
-            results[f"transformers generate, batch {b}"] = [
-                run_transformers(model, workload, b) for _ in range(args.repeats)]
+            results.setdefault(f"transformers generate, batch {b}", []).append(
+                run_transformers(model, workload, b))
 
     best_peer = max((statistics.median(v) for k, v in results.items() if "transformers" in k),
                     default=None)

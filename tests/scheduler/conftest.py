@@ -94,7 +94,6 @@ E2E_NUM_BLOCKS = 12
 @pytest.fixture(scope="session")
 def e2e_llm(default_tokenizer):
     from scheduler_svc import LLM
-    from worker_svc.worker import kv_cache_block_bytes  # noqa: F401 - fails early if absent
 
     block_bytes = 2 * 30 * 16 * 3 * 64 * 4  # K and V, 30 layers, 16 tokens, 3 heads x 64, fp32
     llm = LLM(dtype="float32", tokenizer=default_tokenizer,
