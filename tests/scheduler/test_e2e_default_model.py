@@ -24,7 +24,7 @@ PROMPTS = [
     "Once upon a time, in a small village,",
     "1, 2, 3, 5, 8, 13,",
 ]
-MAX_TOKENS = 20
+MAX_TOKENS = 16
 # min_tokens masks EOS for the whole run, as the reference's min_new_tokens does.
 GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, min_tokens=MAX_TOKENS)
 
@@ -67,10 +67,9 @@ def test_requests_arriving_mid_run_match_transformers(e2e_llm, hf_default_model,
     engine = e2e_llm.engine
     tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompt_ids))}
     step = 0
-    while step < 2 * len(prompt_ids) or engine.has_requests():
-        if step % 2 == 0 and step // 2 < len(prompt_ids):  # one new request every other step
-            i = step // 2
-            engine.add_request(prompt_ids[i], GREEDY, client_id=str(i))
+    while step < len(prompt_ids) or engine.has_requests():
+        if step < len(prompt_ids):  # one new request per step, joining a running batch
+            engine.add_request(prompt_ids[step], GREEDY, client_id=str(step))
         for out in engine.step():
             tokens[out.request_id] += out.new_token_ids
         step += 1
