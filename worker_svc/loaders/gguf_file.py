@@ -104,4 +104,6 @@ def iter_tensors(reader: gguf.GGUFReader, cfg: ModelConfig) -> Iterator[tuple[st
         if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
             array = _unpermute_rotary_rows(array, heads)
-        yield name, torch.from_numpy(np.ascontiguousarray(array))
+        # dequantize may return a read-only view of the mapped file: copy it then.
+        writable = array if array.flags.writeable else array.copy()
+        yield name, torch.from_numpy(np.ascontiguousarray(writable))
