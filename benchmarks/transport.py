@@ -225,6 +225,8 @@ def main() -> None:
     ap.add_argument("--w64", action="store_true", help="also W64 end to end on the default model")
     ap.add_argument("--w64-rounds", type=int, default=3)
     ap.add_argument("--w64-only", action="store_true", help="skip the per-step measurement")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads of every worker, in-process or not (W64)")
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     ap.add_argument("--ready-file", help=argparse.SUPPRESS)
@@ -237,13 +239,13 @@ def main() -> None:
                    "grpc-aio-echo": lambda: serve_grpc_aio_echo(args.ready_file, args.reply_bytes)}
         servers[args.serve]()
         return
-    if not args.w64_only:
-        run(args)
+    step_us = None if args.w64_only else run(args)
     if args.w64 or args.w64_only:
-        run_w64(args)
+        run_w64(args, step_us)
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> dict[str, float]:
+    """The per-step table; returns the median us per step of each case."""
     from scheduler_svc.grpc_executor import GrpcExecutor
     from scheduler_svc.zmq_executor import ZmqExecutor
 
@@ -303,18 +305,28 @@ def run(args: argparse.Namespace) -> None:
           f"(vs an aio echo: {med['grpc'] / med['grpc aio echo']:.2f}x)")
     print(f"grpc / zmq: {med['grpc'] / med['zmq']:.2f}x; "
           f"in-process step {med['in-process']:.1f} us")
+    return med
 
 
-def run_w64(args: argparse.Namespace) -> None:
+def run_w64(args: argparse.Namespace, step_us: dict[str, float] | None = None) -> None:
+    import torch
+
     from benchmarks.offline_w64 import w64
     from scheduler_svc.llm import LLM
 
+    # The same compute for all three. NOTE: on a busy 2-core machine torch's 2-thread OpenMP
+    # regions run many times slower on a process's main thread (where the in-process worker
+    # runs) than on another thread (where a worker server runs the model): left alone, that
+    # difference, not the transport, would decide the comparison.
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the worker processes
+    torch.set_num_threads(args.threads)
     workload = w64()
     prompts = [p for p, _ in workload]
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in workload]
     useful = sum(n for _, n in workload)
+    # No prefix caching: every round is a whole W64, not the previous round's cache hits.
     settings = dict(dtype=args.dtype, kv_cache_memory_bytes=512 << 20, max_num_seqs=64,
-                    max_num_batched_tokens=2048, max_model_len=512)
+                    max_num_batched_tokens=2048, max_model_len=512, enable_prefix_caching=False)
     engines = {name: LLM(executor_backend=name, **settings) for name in ("uni", "zmq", "grpc")}
     rates: dict[str, list[float]] = {name: [] for name in engines}
     reference = None
@@ -323,10 +335,12 @@ def run_w64(args: argparse.Namespace) -> None:
             llm.generate(prompts[:8], params[:8], use_tqdm=False)
         for _ in range(args.w64_rounds):
             for name, llm in engines.items():
-                print(f"  W64 on {name} ...", flush=True)
                 t0 = time.perf_counter()
+                steps_before = llm.engine.scheduler.stats.num_steps
                 outputs = llm.generate(prompts, params, use_tqdm=False)
+                num_steps = llm.engine.scheduler.stats.num_steps - steps_before
                 rates[name].append(useful / (time.perf_counter() - t0))
+                print(f"  W64 on {name}: {rates[name][-1]:.1f} tok/s", flush=True)
                 tokens = [o.token_ids for o in outputs]
                 reference = reference or tokens
                 assert tokens == reference, f"{name} gave other tokens than uni"
@@ -334,12 +348,22 @@ def run_w64(args: argparse.Namespace) -> None:
         for llm in engines.values():
             llm.shutdown()
     med = {name: statistics.median(r) for name, r in rates.items()}
-    print(f"W64 ({len(workload)} requests, {useful} useful output tokens, {args.dtype}), median "
-          f"of {args.w64_rounds} rounds, the three taking turns; tokens identical across them")
+    print(f"W64 ({len(workload)} requests, {useful} useful output tokens, {args.dtype}, "
+          f"{args.threads} torch thread(s) per worker), median of {args.w64_rounds} rounds, the "
+          "three taking turns; tokens identical across them")
     for name, rate in med.items():
         cost = 100 * (1 - rate / med["uni"])
         print(f"{name:<6}{rate:>10.1f} tok/s   cost vs in-process {cost:+.1f}%   "
               f"runs {', '.join(f'{r:.1f}' for r in rates[name])}")
+    if step_us is not None:
+        # Robust to load drifts that the end-to-end runs are not: the per-step transport cost
+        # measured above, times the steps of one W64 run, against that run's time in-process.
+        seconds = useful / med["uni"]
+        for name in ("zmq", "grpc"):
+            extra_s = num_steps * (step_us[name] - step_us["in-process"]) / 1e6
+            print(f"{name}: {num_steps} steps x {step_us[name] - step_us['in-process']:.0f} us of "
+                  f"transport = {extra_s * 1000:.0f} ms, {100 * extra_s / seconds:.2f}% of a "
+                  f"{seconds:.1f} s in-process W64")
 
 
 def _fields(config: SchedulerConfig) -> dict:

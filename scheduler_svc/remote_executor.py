@@ -175,9 +175,11 @@ class RemoteExecutor(Executor):
             return
         self._closed.set()
         group, self.group = self.group, None
+        asked = False
         if group is not None and self._failure is None:
             try:
                 self.collective_rpc("shutdown")
+                asked = True
             except WorkerError:
                 pass
         self._fail_pending(WorkerUnavailableError("the executor was shut down"))
@@ -186,7 +188,7 @@ class RemoteExecutor(Executor):
             watcher.join()  # it may be using the transport's sockets
         self._close()
         if group is not None:
-            group.stop()
+            group.stop(asked=asked)
 
     # -- replies --------------------------------------------------------------------------------
 

@@ -294,6 +294,10 @@ class ReplicatedEngine:
         return replica
 
     def _apply_commands(self) -> None:
+        # A failed group holding no request can go now: nothing of it is lost.
+        for replica in [r for r in self.replicas if getattr(r.executor, "failed", False)]:
+            if not replica.scheduler.requests:
+                self._remove(replica, reason="failed")
         while True:
             try:
                 command = self._commands.get_nowait()

@@ -90,7 +90,14 @@ class LocalWorkerGroup:
     def addresses(self, transport: str) -> list[str]:
         return [e.address(transport) for e in self.endpoints]
 
-    def stop(self, grace_s: float = 10.0) -> None:
+    def stop(self, grace_s: float = 10.0, asked: bool = False) -> None:
+        """`asked`: the group was told to shut down (a Shutdown call); it gets the grace period
+        to exit on its own before any signal, which could land after its handlers are gone."""
+        if asked:
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
         _stop_session(self.process, grace_s)
 
 
