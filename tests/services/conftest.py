@@ -35,6 +35,22 @@ WORKER_ARGS = [
 ]
 
 
+@pytest.fixture(scope="package", autouse=True)
+def one_torch_thread():
+    """One torch thread here and in every worker these tests start. The tiny model gains nothing
+    from two, and on a shared 2-core machine two-thread OpenMP regions stall whenever another
+    process holds the other core, which made a run of these tests take ten times as long."""
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the worker processes
+    yield
+    torch.set_num_threads(threads)
+    if env is None:
+        del os.environ["OMP_NUM_THREADS"]
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tiny-llama")
