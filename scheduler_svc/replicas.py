@@ -311,19 +311,22 @@ class ReplicatedEngine:
                     done.set_exception(e)
                 continue
             _, replica_id, timeout_s, done = command
-            replica = next((r for r in self.replicas if r.replica_id == replica_id), None)
-            if replica is None:
+            leaving = next((r for r in self.replicas if r.replica_id == replica_id), None)
+            if leaving is None:
                 done.set_exception(KeyError(f"no replica {replica_id!r}"))
                 continue
-            replica.draining = True
-            replica.left = done
-            timeout = self.drain_timeout_s if timeout_s is None else timeout_s
-            replica.drain_deadline = time.monotonic() + timeout
-            # Requests that have not started lose nothing by moving now.
-            waiting = [r for r in replica.scheduler.requests.values() if r.num_computed_tokens == 0]
-            for request in waiting:
-                if self.move_request(request, replica):
-                    self._forget(replica, request)
+            self._start_drain(leaving, timeout_s, done)
+
+    def _start_drain(self, replica: Replica, timeout_s: float | None, done: Future) -> None:
+        replica.draining = True
+        replica.left = done
+        timeout = self.drain_timeout_s if timeout_s is None else timeout_s
+        replica.drain_deadline = time.monotonic() + timeout
+        # Requests that have not started lose nothing by moving now.
+        waiting = [r for r in replica.scheduler.requests.values() if r.num_computed_tokens == 0]
+        for request in waiting:
+            if self.move_request(request, replica):
+                self._forget(replica, request)
 
     def _progress_drains(self) -> list[str]:
         lost = []

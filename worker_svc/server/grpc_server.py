@@ -37,7 +37,7 @@ ON_LOOP_MAX_S = 0.05
 
 
 def _unary(servicer: WorkerServicer, method: str, model_thread: Executor):
-    async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes | None:
+    async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             parsed = servicer.parse(method, request)
             reply = None
@@ -47,9 +47,11 @@ def _unary(servicer: WorkerServicer, method: str, model_thread: Executor):
             if reply is None:
                 loop = asyncio.get_running_loop()
                 reply = await loop.run_in_executor(model_thread, servicer.run, method, parsed)
+            assert reply is not None  # run() waits for the lock on the model thread
             return reply
         except WorkerCallError as e:
             await context.abort(e.code, e.message)
+            raise AssertionError("unreachable: abort raises") from e
 
     return grpc.unary_unary_rpc_method_handler(handle)  # bytes in, bytes out
 

@@ -67,9 +67,11 @@ async def serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     metrics = WorkerMetrics(config.rank)
-    servicer = WorkerServicer(
-        on_shutdown=lambda: loop.call_soon_threadsafe(stop.set), metrics=metrics
-    )
+
+    def on_shutdown() -> None:
+        loop.call_soon_threadsafe(stop.set)
+
+    servicer = WorkerServicer(on_shutdown=on_shutdown, metrics=metrics)
     metrics_port = None
     if options.metrics_port is not None:
         metrics_port = metrics.serve(options.host, options.metrics_port)
@@ -86,7 +88,9 @@ async def serve(
     registration = None
     try:
         if worker_factory is None:
-            from worker_svc.worker import Worker as worker_factory  # noqa: N813 - loads torch
+            from worker_svc.worker import Worker  # loads torch: only in a worker process
+
+            worker_factory = Worker
         load = loop.run_in_executor(model_thread, worker_factory, config)
         stopped = asyncio.ensure_future(stop.wait())
         await asyncio.wait((load, stopped), return_when=asyncio.FIRST_COMPLETED)
