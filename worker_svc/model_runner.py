@@ -90,7 +90,10 @@ class ModelRunner:
         logits_indices, discard, metadata = self._prepare_inputs(so)
         num_tokens = so.total_num_scheduled_tokens
         with torch.inference_mode(), set_forward_context(metadata):
-            hidden = self.model(self.input_ids[:num_tokens], self.positions[:num_tokens])
+            hidden = self.model(
+                self._on_device(self.input_ids[:num_tokens]),
+                self._on_device(self.positions[:num_tokens]),
+            )
             logits = self.model.compute_logits(hidden[logits_indices])  # [num_reqs, vocab]
         self.execute_model_state = ExecuteModelState(so, logits, discard)
         return None
@@ -108,11 +111,14 @@ class ModelRunner:
         logits = state.logits
         with torch.inference_mode():
             if grammar is not None and grammar.req_ids:
-                rows = torch.tensor([batch.req_id_to_index[r] for r in grammar.req_ids])
+                rows = self._on_device(
+                    torch.tensor([batch.req_id_to_index[r] for r in grammar.req_ids])
+                )
                 words = np.frombuffer(grammar.bitmask, dtype="<i4").reshape(
                     len(grammar.req_ids), -1
                 )
-                kernels.apply_token_bitmask(logits, torch.from_numpy(words.copy()), rows)
+                bitmask = self._on_device(torch.from_numpy(words.copy()))
+                kernels.apply_token_bitmask(logits, bitmask, rows)
             metadata = batch.sampling_metadata
             # A mid-prefill row's draw is thrown away; rewind its generator so a seeded request's
             # tokens do not depend on how its prefill was chunked.
@@ -243,22 +249,28 @@ class ModelRunner:
         np.add(computed, num_scheduled, out=seq_lens)
         # Rows that will still be short of their tokens after this step are mid-prefill.
         discard = seq_lens < batch.num_tokens_np[:num_reqs]  # [reqs]
-        logits_indices = torch.from_numpy(cu_num_tokens - 1)  # [reqs] last token of each slice
+        logits_indices = self._on_device(torch.from_numpy(cu_num_tokens - 1))  # [reqs] last tokens
 
         slot_mapping = batch.block_table.compute_slot_mapping(req_indices, positions)
         max_seq_len = int(seq_lens.max())
         metadata = AttentionMetadata(
             num_actual_tokens=num_tokens,
-            query_start_loc=torch.from_numpy(query_start_loc[: num_reqs + 1]),
-            seq_lens=torch.from_numpy(seq_lens),
-            block_table=batch.block_table.rows(num_reqs),
-            slot_mapping=slot_mapping,
+            query_start_loc=self._on_device(torch.from_numpy(query_start_loc[: num_reqs + 1])),
+            seq_lens=self._on_device(torch.from_numpy(seq_lens)),
+            block_table=self._on_device(batch.block_table.rows(num_reqs)),
+            slot_mapping=self._on_device(slot_mapping),
             max_query_len=int(num_scheduled.max()),
             max_seq_len=max_seq_len,
             query_start_loc_cpu=query_start_loc[: num_reqs + 1],
             seq_lens_cpu=seq_lens,
         )
         return logits_indices, discard, metadata
+
+    def _on_device(self, host: torch.Tensor) -> torch.Tensor:
+        """The step's inputs are laid out in host buffers; an accelerator gets one copy of each."""
+        if self.device.type == "cpu":
+            return host
+        return host.to(self.device, non_blocking=True)
 
     # -- the output ----------------------------------------------------------------------------
 
