@@ -6,6 +6,7 @@ call. Errors leave through status_codes.abort_with, the one place that maps them
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -82,6 +83,10 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         params = wire.sampling_params(request.sampling)
         wire.validate_for_model(params, m.vocab_size, m.config.max_logprobs)
         ids = wire.prompt_token_ids(request, m.tokenizer, m.vocab_size, m.max_model_len)
+        if params.constraint is not None:
+            # Neither the event loop nor the engine thread waits for a large schema to compile.
+            await asyncio.get_running_loop().run_in_executor(
+                None, wire.compile_constraint, params, m.tokenizer, m.vocab_size)
         return await m.engine.add_request(request_id, ids, params, priority=request.priority,
                                           cache_salt=request.cache_salt or None)
 

@@ -239,9 +239,11 @@ class ReplicatedEngine:
             params = dataclasses.replace(params, max_tokens=params.max_tokens - done,
                                          min_tokens=max(0, params.min_tokens - done))
         try:
+            # The matcher moves too: it has accepted the output that is now part of the prompt.
             target.scheduler.add_request(request.all_token_ids, params, client_id=client_id,
                                          arrival_time=request.arrival_time,
-                                         priority=request.priority, cache_salt=request.cache_salt)
+                                         priority=request.priority, cache_salt=request.cache_salt,
+                                         grammar=request.grammar)
         except (InvalidRequestError, QueueFullError) as e:
             logger.warning("request %s cannot move to replica %s: %s", client_id,
                            target.replica_id, e)

@@ -7,6 +7,7 @@ import time
 
 from scheduler_svc.detokenizer import IncrementalDetokenizer
 from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.structured_output import RequestGrammar
 
 
 class RequestStatus(enum.IntEnum):
@@ -41,7 +42,7 @@ class Request:
         "request_id", "client_id", "prompt_token_ids", "sampling_params", "eos_token_ids",
         "arrival_time", "priority", "cache_salt", "status", "stop_reason", "all_token_ids",
         "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "block_hashes",
-        "detokenizer", "stop_ids", "max_num_tokens", "num_cached_tokens",
+        "detokenizer", "stop_ids", "max_num_tokens", "num_cached_tokens", "grammar",
     )
 
     def __init__(
@@ -75,6 +76,7 @@ class Request:
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks, grown lazily
         self.detokenizer = detokenizer
+        self.grammar: RequestGrammar | None = None  # the matcher of a constrained request
         # A token outside stop_ids with fewer than max_num_tokens tokens cannot end the request:
         # the per-token test on the hot path, before the full stop rules.
         self.stop_ids = frozenset(sampling_params.stop_token_ids) | (

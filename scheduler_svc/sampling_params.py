@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from batchwire.v1 import worker_pb2
 
 from scheduler_svc.errors import InvalidRequestError
+from scheduler_svc.structured_output.constraint import Constraint, constraint_from_fields
 
 __all__ = ["InvalidRequestError", "SamplingParams", "validate_prompt"]
 
@@ -34,6 +35,13 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # 0 = off
     repetition_penalty: float = 1.0  # 1 = off
     logprobs: int | None = None  # top-n logprobs per sampled token; None = none
+    # Structured output, named as on the wire: at most one of the five.
+    json_schema: str | dict | None = None  # a JSON Schema, as a dict or JSON text
+    json_object: bool = False  # any JSON object
+    regex: str | None = None  # the whole output matches it
+    choice: list[str] | None = None  # the output is exactly one of these
+    grammar: str | None = None  # EBNF, start rule `root`
+    constraint: Constraint | None = dataclasses.field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         # A lone string is a common spelling of one stop string.
@@ -42,6 +50,11 @@ class SamplingParams:
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         self._validate()
+        self.constraint = constraint_from_fields(self.json_schema, self.json_object, self.regex,
+                                                 self.choice, self.grammar)
+        if self.constraint is not None and self.min_tokens:
+            _refuse("min_tokens", self.min_tokens, f"cannot be combined with a "
+                    f"{self.constraint.kind} constraint, which decides where the output ends")
 
     def _validate(self) -> None:
         # Wrong types and out-of-range ints would otherwise fail later, while the scheduler
@@ -115,6 +128,14 @@ class SamplingParams:
             msg.seed = self.seed
         if self.logprobs is not None:
             msg.logprobs = self.logprobs
+        c = self.constraint
+        if c is not None:
+            if c.kind == "choice":
+                msg.choice.choices.extend(c.choices)
+            elif c.kind == "json_object":
+                msg.json_object = True
+            else:
+                setattr(msg, c.kind, c.text)
         return msg
 
     @property

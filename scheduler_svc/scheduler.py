@@ -29,6 +29,7 @@ from scheduler_svc.request import Request, RequestStatus
 from scheduler_svc.request_queue import make_queue
 from scheduler_svc.sampling_params import SamplingParams, validate_prompt
 from scheduler_svc.stop_checker import check_stop
+from scheduler_svc.structured_output import RequestGrammar, build_grammar_output, compiler_for
 
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
 
@@ -87,6 +88,7 @@ class Scheduler:
         self.requests: dict[str, Request] = {}  # unfinished requests by wire id
         self._wire_ids: dict[str, str] = {}  # client id -> wire id
         self.finished_req_ids: list[str] = []  # to tell the worker in the next step
+        self._constrained: dict[str, Request] = {}  # unfinished requests with a grammar
         self._next_id = 0
         self.stats = SchedulerStats()
 
@@ -100,12 +102,16 @@ class Scheduler:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
+        grammar: RequestGrammar | None = None,
     ) -> Request:
-        """Validates and queues a request; raises InvalidRequestError or QueueFullError."""
+        """Validates and queues a request; raises InvalidRequestError or QueueFullError.
+        `grammar`: the matcher a moved request brings along, already past its output."""
         validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
         sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)
         if sampling_params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer, this engine has none")
+        if sampling_params.constraint is not None and grammar is None:
+            grammar = self._new_grammar(sampling_params)
         if len(self.waiting) >= self.config.max_queued_requests:
             raise QueueFullError(f"{len(self.waiting)} requests are waiting, the limit is "
                                  f"{self.config.max_queued_requests}")
@@ -124,6 +130,9 @@ class Scheduler:
                           priority, cache_salt, detok, self.max_model_len)
         self.requests[wire_id] = request
         self._wire_ids[client_id] = wire_id
+        if grammar is not None:
+            request.grammar = grammar
+            self._constrained[wire_id] = request
         self.waiting.add(request)
         return request
 
@@ -238,9 +247,21 @@ class Scheduler:
 
     def get_grammar_bitmask(self, so: worker_pb2.SchedulerOutput
                             ) -> worker_pb2.GrammarOutput | None:
-        """The structured-output hook (issue 9): built while the forward pass runs. No request is
-        constrained yet, so there is nothing to mask."""
-        return None
+        """One bitmask row per constrained request that samples in step `so` (rows still
+        mid-prefill sample nothing); None when there is none. Built while the forward pass runs."""
+        if not self._constrained:
+            return None
+        req_ids, grammars = [], []
+        for req_id in (*(r.req_id for r in so.scheduled_new_reqs),
+                       *so.scheduled_cached_reqs.req_ids):
+            request = self._constrained.get(req_id)
+            # num_computed_tokens already counts this step's tokens (schedule() advanced it).
+            if request is not None and request.num_computed_tokens >= request.num_tokens:
+                req_ids.append(req_id)
+                grammars.append(request.grammar)
+        if not req_ids:
+            return None
+        return build_grammar_output(req_ids, grammars, self.vocab_size)
 
     def update_from_output(
         self, so: worker_pb2.SchedulerOutput, model_output: worker_pb2.ModelRunnerOutput
@@ -261,8 +282,13 @@ class Scheduler:
                 continue  # aborted while the step ran
             status = None
             tokens = request.all_token_ids
+            grammar = request.grammar
             for j, token in enumerate(new_ids):
                 tokens.append(token)
+                if grammar is not None and grammar.accept(token):
+                    status = RequestStatus.FINISHED_STOPPED  # the grammar is complete
+                    del new_ids[j + 1:]
+                    break
                 if token in request.stop_ids or len(tokens) >= request.max_num_tokens:
                     status = check_stop(request, self.max_model_len)
                     if status is not None:
@@ -315,7 +341,17 @@ class Scheduler:
         request.status = status
         self.kv.free(request)
         del self.requests[request.request_id]
+        self._constrained.pop(request.request_id, None)
         del self._wire_ids[request.client_id]
+
+    def _new_grammar(self, params: SamplingParams) -> RequestGrammar:
+        assert params.constraint is not None
+        if self.tokenizer is None:
+            raise InvalidRequestError(params.constraint.kind, "structured output needs a "
+                                                              "tokenizer, this engine has none")
+        # A cache hit when the request came through an admission path that compiled it already.
+        compiled = compiler_for(self.tokenizer, self.vocab_size).compile(params.constraint)
+        return RequestGrammar(compiled, self.eos_token_ids)
 
     def _output(self, request: Request, new_ids: list[int], text: str,
                 logprobs: list[TokenLogprobs] | None) -> EngineCoreOutput:

@@ -14,6 +14,7 @@ from batchwire.v1 import generate_pb2
 from scheduler_svc.errors import InvalidRequestError
 from scheduler_svc.outputs import EngineCoreOutput
 from scheduler_svc.sampling_params import SamplingParams, validate_prompt
+from scheduler_svc.structured_output import compiler_for
 
 # SamplingParams fields a client may set, all `optional` on the wire: unset = the dataclass default.
 _SCALAR_FIELDS = (
@@ -36,6 +37,11 @@ def invalid(field: str, engine_error: InvalidRequestError) -> InvalidRequestErro
 def sampling_params(msg: generate_pb2.SamplingParams) -> SamplingParams:
     kwargs: dict[str, Any] = {f: getattr(msg, f) for f in _SCALAR_FIELDS if msg.HasField(f)}
     kwargs.update({f: list(getattr(msg, f)) for f in _LIST_FIELDS})
+    kind = msg.WhichOneof("constraint")
+    if kind == "choice":
+        kwargs[kind] = list(msg.choice.choices)
+    elif kind is not None:
+        kwargs[kind] = getattr(msg, kind)
     try:
         return SamplingParams(**kwargs)
     except InvalidRequestError as e:
@@ -110,6 +116,17 @@ def chat_token_ids(tokenizer: Any, messages: Any) -> list[int]:
 def validate_for_model(params: SamplingParams, vocab_size: int, max_logprobs: int) -> None:
     try:
         params.validate_for(vocab_size, max_logprobs)
+    except InvalidRequestError as e:
+        raise InvalidRequestError(f"sampling.{e.field}", e.message) from None
+
+
+def compile_constraint(params: SamplingParams, tokenizer: Any, vocab_size: int) -> None:
+    """Compiles the request's constraint into the shared cache, where the scheduler finds it.
+    Blocking: a large schema takes a while, so the servicer runs it on a worker thread."""
+    if params.constraint is None:
+        return
+    try:
+        compiler_for(tokenizer, vocab_size).compile(params.constraint)
     except InvalidRequestError as e:
         raise InvalidRequestError(f"sampling.{e.field}", e.message) from None
 
