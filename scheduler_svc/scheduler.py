@@ -251,12 +251,14 @@ class Scheduler:
         mid-prefill sample nothing); None when there is none. Built while the forward pass runs."""
         if not self._constrained:
             return None
-        req_ids, grammars = [], []
+        req_ids: list[str] = []
+        grammars: list[RequestGrammar] = []
         for req_id in (*(r.req_id for r in so.scheduled_new_reqs),
                        *so.scheduled_cached_reqs.req_ids):
             request = self._constrained.get(req_id)
             # num_computed_tokens already counts this step's tokens (schedule() advanced it).
-            if request is not None and request.num_computed_tokens >= request.num_tokens:
+            if (request is not None and request.grammar is not None
+                    and request.num_computed_tokens >= request.num_tokens):
                 req_ids.append(req_id)
                 grammars.append(request.grammar)
         if not req_ids:

@@ -101,13 +101,23 @@ class GrammarCompiler:
             if matcher is root and not allowed.any():
                 return False  # no first token at all, whatever the vocabulary
             stack.append((matcher, iter(self._byte_tokens[allowed[self._byte_tokens]].tolist())))
-            while stack and (token := next(stack[-1][1], None)) is None:
-                stack.pop()
-            if not stack:
+            child = _next_child(stack)
+            if child is None:
                 return False if self._bytes_complete else None
-            matcher = stack[-1][0].fork()
+            parent, token = child
+            matcher = parent.fork()
             matcher.accept_token(token)
         return None
+
+
+def _next_child(stack: list[tuple[Any, Iterator[int]]]) -> tuple[Any, int] | None:
+    """The deepest node with a token left to try, and that token; spent nodes are dropped."""
+    while stack:
+        token = next(stack[-1][1], None)
+        if token is not None:
+            return stack[-1][0], token
+        stack.pop()
+    return None
 
 
 def unpack_row(row: np.ndarray, vocab_size: int) -> np.ndarray:
