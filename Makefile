@@ -33,6 +33,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# Every benchmark (batchwire bench all): tables on the terminal, JSON and PNG in bench-results/.
+bench: $(STAMP)
+	$(PY) -m scheduler_svc.cli bench all
+
 lint: $(STAMP)
 	$(PY) -m ruff check scheduler_svc worker_svc kernels tests
 

@@ -12,26 +12,18 @@ tokens count as useful.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
-import random
 import statistics
 import time
 
 import torch
 
-
-def w64(seed: int = 0, n: int = 64) -> list[tuple[list[int], int]]:
-    """[(prompt token ids, output length)] for the W64 workload."""
-    rng = random.Random(seed)
-    reqs = []
-    for _ in range(n):
-        prompt_len = rng.randint(32, 256)
-        prompt = [rng.randrange(100, 49000) for _ in range(prompt_len)]
-        reqs.append((prompt, rng.randint(16, 128)))
-    return reqs
+from benchmarks.workloads import Workload, w64
 
 
-def run_batchwire(llm, workload) -> float:
+def run_batchwire(llm, workload: Workload) -> float:
+    """Seconds for LLM.generate to run the whole workload."""
     from scheduler_svc import SamplingParams
 
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in workload]
@@ -39,12 +31,29 @@ def run_batchwire(llm, workload) -> float:
     outputs = llm.generate([p for p, _ in workload], params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
     assert [len(o.token_ids) for o in outputs] == [n for _, n in workload]
-    return sum(n for _, n in workload) / elapsed
+    return elapsed
 
 
-def run_transformers(model, workload, batch_size: int) -> float:
-    """Static batches in workload order, left padded, each run to its longest output."""
-    useful, t0 = 0, time.perf_counter()
+def load_transformers(model: str | None, dtype: str):
+    """transformers' own reading of the checkpoint directory or GGUF file (None = the default)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    from worker_svc.model_files import resolve_model_path
+
+    # NOTE: its GGUF loader warns that packed weights are faster in float32, also when (as here,
+    # with no GGUF kernel installed) it de-quantises to plain dtype Linear layers anyway.
+    hf_logging.set_verbosity(logging.ERROR)
+    path = resolve_model_path(model)
+    folder, name = os.path.split(path) if path.endswith(".gguf") else (path, None)
+    return AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=name, dtype=getattr(torch, dtype)).eval()
+
+
+def run_transformers(model, workload: Workload, batch_size: int) -> float:
+    """Seconds for static batches in workload order, left padded, each run to its longest
+    output."""
+    t0 = time.perf_counter()
     for start in range(0, len(workload), batch_size):
         batch = workload[start:start + batch_size]
         width = max(len(p) for p, _ in batch)
@@ -57,8 +66,7 @@ def run_transformers(model, workload, batch_size: int) -> float:
         with torch.no_grad():
             model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
                            do_sample=False, pad_token_id=0)
-        useful += sum(n for _, n in batch)
-    return useful / (time.perf_counter() - t0)
+    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -81,24 +89,17 @@ def main() -> None:
     llm = LLM(dtype=args.dtype, max_num_seqs=64, max_model_len=512,
               max_num_batched_tokens=args.max_num_batched_tokens)
     run_batchwire(llm, workload[:4])  # warm-up: first-call allocations, lazy inits
-    model = None
     sizes = [int(b) for b in args.hf_batch_sizes.split(",") if b]
-    if sizes:
-        from transformers import AutoModelForCausalLM
-
-        from worker_svc.model_files import default_model_path
-
-        folder, name = os.path.split(default_model_path())
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, gguf_file=name, dtype=getattr(torch, args.dtype)).eval()
+    model = load_transformers(None, args.dtype) if sizes else None
 
     # Each repeat runs every configuration once, so drifting load on a shared machine hits all.
     results: dict[str, list[float]] = {}
     for _ in range(args.repeats):
-        results.setdefault("batchwire LLM.generate", []).append(run_batchwire(llm, workload))
+        results.setdefault("batchwire LLM.generate", []).append(
+            useful / run_batchwire(llm, workload))
         for b in sizes:
             results.setdefault(f"transformers generate, batch {b}", []).append(
-                run_transformers(model, workload, b))
+                useful / run_transformers(model, workload, b))
 
     best_peer = max((statistics.median(v) for k, v in results.items() if "transformers" in k),
                     default=None)

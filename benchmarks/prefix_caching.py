@@ -11,11 +11,10 @@
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import time
 
-from benchmarks.offline_w64 import w64
+from benchmarks.workloads import shared_prefix, w64
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.engine_core import EngineCore
 from scheduler_svc.executor import UniProcExecutor
@@ -49,18 +48,13 @@ def run(engine: EngineCore, prompts: list[list[int]], max_tokens: int) -> dict[s
             "cpu": time.process_time() - cpu0, "sched_cpu": sched_cpu}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    ap.add_argument("--repeats", type=int, default=3)
-    args = ap.parse_args()
-
-    rng = random.Random(0)
-    prefix = [rng.randrange(100, 49000) for _ in range(512)]
-    shared = [prefix + [rng.randrange(100, 49000) for _ in range(32)] for _ in range(32)]
-    distinct = [p for p, _ in w64()][:32]  # as many requests as the shared workload
-
-    base = dict(dtype=args.dtype, max_num_seqs=64, max_model_len=640, max_num_batched_tokens=2048)
+def compare(shared: list[list[int]], distinct: list[list[int]], max_tokens: int, repeats: int,
+            dtype: str, model: str | None = None, on_run=None) -> dict:
+    """{(workload, caching on): [run(...) of each repeat]}, on one model, the four cases taking
+    turns in every repeat; on_run() is called after each run (a progress bar's update)."""
+    longest = max(len(p) for p in shared + distinct) + max_tokens
+    base = dict(model=model, dtype=dtype, max_num_seqs=64, max_model_len=longest,
+                max_num_batched_tokens=2048)
     configs = {on: SchedulerConfig(enable_prefix_caching=on, **base) for on in (True, False)}
     from worker_svc.worker import Worker
 
@@ -72,10 +66,24 @@ def main() -> None:
 
     run(engine(True), shared[:2], 2)  # warm-up
     results: dict[tuple[str, bool], list[dict[str, float]]] = {}
-    for _ in range(args.repeats):
+    for _ in range(repeats):
         for on in (True, False):  # interleaved, so drifting machine load hits both alike
-            results.setdefault(("shared", on), []).append(run(engine(on), shared, 32))
-            results.setdefault(("distinct", on), []).append(run(engine(on), distinct, 32))
+            for work, prompts in (("shared", shared), ("distinct", distinct)):
+                results.setdefault((work, on), []).append(run(engine(on), prompts, max_tokens))
+                if on_run is not None:
+                    on_run()
+    return results
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    shared = [p for p, _ in shared_prefix(32, 512, 32, 32)]
+    distinct = [p for p, _ in w64()][:32]  # as many requests as the shared workload
+    results = compare(shared, distinct, 32, args.repeats, args.dtype)
 
     def med(key, field):
         return statistics.median(r[field] for r in results[key])

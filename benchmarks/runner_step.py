@@ -97,18 +97,28 @@ def time_runner(runner: ModelRunner, steps: list[pb.SchedulerOutput]) -> list[fl
     return times[1:]  # the first step adds every request in both variants
 
 
+def measure(num_reqs: int, prompt_len: int, steps: int, repeats: int = 1
+            ) -> dict[str, list[float]]:
+    """Median microseconds per decode step of each variant, one figure per repeat; the same
+    steps for both, the variants taking turns."""
+    worker = tiny_worker(num_reqs, prompt_len, steps)
+    outputs = list(decode_steps(num_reqs, prompt_len, steps))
+    medians: dict[str, list[float]] = {"persistent": [], "rebuild": []}
+    for _ in range(repeats):
+        for name, cls in [("persistent", ModelRunner), ("rebuild", RebuildingModelRunner)]:
+            runner = cls(worker.config, worker.model, worker.num_blocks)
+            medians[name].append(statistics.median(time_runner(runner, outputs)) * 1e6)
+    return medians
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-reqs", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=200)
     parser.add_argument("--steps", type=int, default=200)
     args = parser.parse_args()
-    worker = tiny_worker(args.num_reqs, args.prompt_len, args.steps)
-    steps = list(decode_steps(args.num_reqs, args.prompt_len, args.steps))
-    results = {}
-    for name, cls in [("persistent", ModelRunner), ("rebuild", RebuildingModelRunner)]:
-        runner = cls(worker.config, worker.model, worker.num_blocks)
-        results[name] = statistics.median(time_runner(runner, steps)) * 1e6
+    results = {name: us[0] for name, us in measure(args.num_reqs, args.prompt_len,
+                                                   args.steps).items()}
     print(
         f"{args.num_reqs} running requests, median over {args.steps} decode steps "
         "(_update_states + _prepare_inputs):"

@@ -26,6 +26,46 @@ def answer(so: pb.SchedulerOutput, token: int) -> pb.ModelRunnerOutput:
     return pb.ModelRunnerOutput(req_ids=ids, sampled_token_ids=sampled)
 
 
+def measure(running: int, waiting: int, prompt_len: int, steps: int, block_size: int = 16,
+            prefix_caching: bool = True, tokenizer=None):
+    """(schedule() us, update_from_output() us, SchedulerOutput bytes), one of each per step."""
+    max_model_len = prompt_len + steps + 64
+    blocks_per_req = -(-max_model_len // block_size)
+    config = SchedulerConfig(
+        max_num_seqs=running, max_model_len=max_model_len,
+        max_num_batched_tokens=max(running * prompt_len, running),
+        enable_prefix_caching=prefix_caching,
+        max_queued_requests=running + waiting,
+    )  # fmt: skip
+    scheduler = Scheduler(config, num_blocks=running * blocks_per_req + 1,
+                          block_size=block_size, vocab_size=49152, eos_token_ids=[2],
+                          tokenizer=tokenizer)
+    params = SamplingParams(temperature=0, max_tokens=max_model_len, ignore_eos=True)
+    for i in range(running + waiting):
+        # Distinct prompts: no prefix hit makes the admission side cheaper than it is in general.
+        prompt = [(1000 + 7919 * i + j) % 49000 + 100 for j in range(prompt_len)]
+        scheduler.add_request(prompt, params)
+
+    so = scheduler.schedule()  # admits `running` requests, prefilling all of them at once
+    scheduler.update_from_output(so, answer(so, 100))
+    assert len(scheduler.running) == running and len(scheduler.waiting) == waiting
+
+    sched_us, update_us, sizes = [], [], []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        so = scheduler.schedule()
+        t1 = time.perf_counter()
+        out = answer(so, 100 + step % 500)
+        t2 = time.perf_counter()
+        scheduler.update_from_output(so, out)
+        t3 = time.perf_counter()
+        sched_us.append((t1 - t0) * 1e6)
+        update_us.append((t3 - t2) * 1e6)
+        sizes.append(so.ByteSize())
+    assert len(so.scheduled_cached_reqs.req_ids) == running and not so.scheduled_new_reqs
+    return sched_us, update_us, sizes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--running", type=int, default=256)
@@ -37,45 +77,14 @@ def main() -> None:
     ap.add_argument("--tokenizer", action="store_true", help="detokenize with the default model's")
     args = ap.parse_args()
 
-    max_model_len = args.prompt_len + args.steps + 64
-    blocks_per_req = -(-max_model_len // args.block_size)
-    config = SchedulerConfig(
-        max_num_seqs=args.running, max_model_len=max_model_len,
-        max_num_batched_tokens=max(args.running * args.prompt_len, args.running),
-        enable_prefix_caching=not args.no_prefix_caching,
-        max_queued_requests=args.running + args.waiting,
-    )  # fmt: skip
     tokenizer = None
     if args.tokenizer:
         from scheduler_svc.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(None)
-    scheduler = Scheduler(config, num_blocks=args.running * blocks_per_req + 1,
-                          block_size=args.block_size, vocab_size=49152, eos_token_ids=[2],
-                          tokenizer=tokenizer)
-    params = SamplingParams(temperature=0, max_tokens=max_model_len, ignore_eos=True)
-    for i in range(args.running + args.waiting):
-        # Distinct prompts: no prefix hit makes the admission side cheaper than it is in general.
-        prompt = [(1000 + 7919 * i + j) % 49000 + 100 for j in range(args.prompt_len)]
-        scheduler.add_request(prompt, params)
-
-    so = scheduler.schedule()  # admits `running` requests, prefilling all of them at once
-    scheduler.update_from_output(so, answer(so, 100))
-    assert len(scheduler.running) == args.running and len(scheduler.waiting) == args.waiting
-
-    sched_us, update_us, sizes = [], [], []
-    for step in range(args.steps):
-        t0 = time.perf_counter()
-        so = scheduler.schedule()
-        t1 = time.perf_counter()
-        out = answer(so, 100 + step % 500)
-        t2 = time.perf_counter()
-        scheduler.update_from_output(so, out)
-        t3 = time.perf_counter()
-        sched_us.append((t1 - t0) * 1e6)
-        update_us.append((t3 - t2) * 1e6)
-        sizes.append(so.ByteSize())
-    assert len(so.scheduled_cached_reqs.req_ids) == args.running and not so.scheduled_new_reqs
+    sched_us, update_us, sizes = measure(
+        args.running, args.waiting, args.prompt_len, args.steps, args.block_size,
+        not args.no_prefix_caching, tokenizer)
 
     total = [a + b for a, b in zip(sched_us, update_us, strict=True)]
     print(f"{args.running} running, {args.waiting} waiting, {args.steps} decode steps, "

@@ -244,12 +244,14 @@ def main() -> None:
         run_w64(args, step_us)
 
 
-def run(args: argparse.Namespace) -> dict[str, float]:
-    """The per-step table; returns the median us per step of each case."""
+def measure_steps(requests: int, num_steps: int, rounds: int
+                  ) -> tuple[dict[str, list[list[float]]], list[int], int]:
+    """Microseconds per step of each case, a list per round (the cases take turns in each);
+    the SchedulerOutput sizes and the ModelRunnerOutput size in bytes."""
     from scheduler_svc.grpc_executor import GrpcExecutor
     from scheduler_svc.zmq_executor import ZmqExecutor
 
-    steps = steady_decode_steps(args.requests)
+    steps = steady_decode_steps(requests)
     so_bytes = [s.ByteSize() for s in steps]
     reply = answer(steps[0])
     reply_bytes = reply.ByteSize()
@@ -258,8 +260,8 @@ def run(args: argparse.Namespace) -> dict[str, float]:
         null, ports = start_server("null")
         processes.append(null)
         rank = ports["ranks"][0]
-        config = SchedulerConfig(max_num_seqs=args.requests, max_model_len=512,
-                                 max_num_batched_tokens=args.requests * 256)
+        config = SchedulerConfig(max_num_seqs=requests, max_model_len=512,
+                                 max_num_batched_tokens=requests * 256)
         zmq_cfg = SchedulerConfig(**{**_fields(config), "worker_addresses": (
             f"127.0.0.1:{rank['zmq_port']}",)})
         grpc_cfg = SchedulerConfig(**{**_fields(config), "worker_addresses": (
@@ -279,17 +281,23 @@ def run(args: argparse.Namespace) -> dict[str, float]:
             "grpc floor (sync echo)": grpc_echo_step(echo["grpc-echo"]),
             "grpc aio echo": grpc_echo_step(echo["grpc-aio-echo"]),
         }
-        samples: dict[str, list[float]] = {name: [] for name in cases}
-        for _ in range(args.rounds):
+        samples: dict[str, list[list[float]]] = {name: [] for name in cases}
+        for _ in range(rounds):
             for name, step in cases.items():
-                samples[name] += time_steps(step, steps, args.steps)
+                samples[name].append(time_steps(step, steps, num_steps))
         for ex in executors:
             ex.shutdown()
     finally:
         for p in processes:
             os.killpg(p.pid, 9)
             p.wait()
+    return samples, so_bytes, reply_bytes
 
+
+def run(args: argparse.Namespace) -> dict[str, float]:
+    """The per-step table; returns the median us per step of each case."""
+    rounds, so_bytes, reply_bytes = measure_steps(args.requests, args.steps, args.rounds)
+    samples = {name: [us for r in per_round for us in r] for name, per_round in rounds.items()}
     med = {name: statistics.median(s) for name, s in samples.items()}
     print(f"steady decode step of {args.requests} requests; {args.rounds} rounds x {args.steps} "
           f"steps per case, interleaved")
@@ -311,7 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
 def run_w64(args: argparse.Namespace, step_us: dict[str, float] | None = None) -> None:
     import torch
 
-    from benchmarks.offline_w64 import w64
+    from benchmarks.workloads import w64
     from scheduler_svc.llm import LLM
 
     # The same compute for all three. NOTE: on a busy 2-core machine torch's 2-thread OpenMP

@@ -1,0 +1,86 @@
+"""`batchwire bench` (also `python -m benchmarks`, `make bench`): measure batchwire against its
+peers on this machine, in one run. Each benchmark prints its tables and writes <name>.json and
+<name>.png into --results.
+
+  throughput  offline tokens/s on each transport against transformers and llama.cpp
+  serve       a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency
+  step        CPU cost per step: persistent batch vs rebuild, schedule(), each transport
+  prefix      a shared 512-token prefix with prefix caching on and off
+  all         every one of them, in that order
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+BENCHMARKS = {  # name -> one line of help; each is a module of this package
+    "throughput": "offline tokens/s on each transport against transformers and llama.cpp",
+    "serve": "a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency",
+    "step": "CPU cost per step: persistent batch vs rebuild, schedule(), each transport",
+    "prefix": "a shared 512-token prefix with prefix caching on and off",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--quick", action="store_true", help="a small workload on a tiny "
+                        "random-weight model: checks the code runs, says nothing about speed")
+    common.add_argument("--results", default="bench-results", help="folder for JSON and PNG "
+                        "files (default: %(default)s)")
+    common.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the "
+                        "median and spread are reported (default: %(default)s)")
+    common.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    common.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads, of this process and of every worker (default: "
+                        "%(default)s, the cores)")
+    common.add_argument("--model", help="checkpoint directory or .gguf file (default: the "
+                        "embedded SmolLM2-135M-Instruct)")
+    parser = argparse.ArgumentParser(prog="batchwire bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="benchmark", required=True)
+    for name in BENCHMARKS:
+        module = _module(name)
+        p = sub.add_parser(name, parents=[common], help=BENCHMARKS[name],
+                           description=module.__doc__)
+        module.add_arguments(p)
+    sub.add_parser("all", parents=[common], help="every benchmark, with its defaults")
+    return parser
+
+
+def _module(name: str):
+    return importlib.import_module(f"benchmarks.{name}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from benchmarks.machine import set_threads
+
+    set_threads(args.threads)
+    every = args.benchmark == "all"
+    parser = build_parser()
+    for name in list(BENCHMARKS) if every else [args.benchmark]:
+        module = _module(name)
+        if every:  # this benchmark's own defaults under the common options given
+            args = parser.parse_args([name, *(argv if argv is not None else sys.argv[1:])[1:]])
+        if args.quick:
+            args.repeats = min(args.repeats, 2)
+            if args.model is None:
+                from benchmarks.tiny_model import tiny_model
+
+                args.model = tiny_model(Path(args.results) / ".tiny-model")
+            module.quick(args)
+        t0 = time.perf_counter()
+        print(f"== batchwire bench {name}{' --quick' if args.quick else ''}", flush=True)
+        module.run(args)
+        print(f"== {name} took {time.perf_counter() - t0:.0f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""A load generator over the client gRPC API: requests arrive as a Poisson process at a given rate
+(all at once for rate inf), at most max_concurrency in flight, each stream timed as it arrives."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+import time
+
+import grpc
+from batchwire.v1 import generate_pb2, generate_pb2_grpc
+from tqdm import tqdm
+
+from benchmarks.workloads import Workload
+
+
+@dataclasses.dataclass(slots=True)
+class RequestRecord:
+    prompt_len: int
+    sent: float = 0.0  # perf_counter when the request left (after waiting for a free slot)
+    chunk_times: list[float] = dataclasses.field(default_factory=list)  # a message with tokens
+    num_output_tokens: int = 0
+    finish_reason: str = ""
+    error: str = ""
+
+
+async def _one(stub, prompt: list[int], max_tokens: int, record: RequestRecord) -> None:
+    sampling = generate_pb2.SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    request = generate_pb2.GenerateRequest(token_ids=prompt, sampling=sampling)
+    record.sent = time.perf_counter()
+    try:
+        async for message in stub.Generate(request):
+            if message.token_ids:
+                record.chunk_times.append(time.perf_counter())
+                record.num_output_tokens += len(message.token_ids)
+            if message.finish_reason:
+                record.finish_reason = message.finish_reason
+    except grpc.aio.AioRpcError as e:
+        record.error = f"{e.code().name}: {e.details()}"
+
+
+async def _run(address: str, workload: Workload, rate: float, max_concurrency: int,
+               seed: int, desc: str) -> tuple[list[RequestRecord], float]:
+    rng = random.Random(seed)
+    slots = asyncio.Semaphore(max_concurrency)
+    records = [RequestRecord(len(p)) for p, _ in workload]
+    async with grpc.aio.insecure_channel(address) as channel:
+        stub = generate_pb2_grpc.GenerationStub(channel)
+        with tqdm(total=len(workload), desc=desc, unit="req") as bar:
+            async def send(i: int) -> None:
+                async with slots:
+                    await _one(stub, workload[i][0], workload[i][1], records[i])
+                bar.update(1)
+
+            start, tasks = time.perf_counter(), []
+            for i in range(len(workload)):
+                tasks.append(asyncio.create_task(send(i)))
+                if rate != float("inf"):
+                    await asyncio.sleep(rng.expovariate(rate))
+            await asyncio.gather(*tasks)
+    return records, time.perf_counter() - start
+
+
+def generate_load(address: str, workload: Workload, rate: float, max_concurrency: int,
+                  seed: int = 0, desc: str = "serve") -> tuple[list[RequestRecord], float]:
+    """(one record per request, wall seconds from the first arrival to the last reply)."""
+    return asyncio.run(_run(address, workload, rate, max_concurrency, seed, desc))

@@ -1,0 +1,28 @@
+"""The model of --quick: a tiny random-weight Llama with the default model's tokenizer, so every
+benchmark's code path runs in seconds. Its figures say nothing about speed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def tiny_model(folder: str | Path) -> str:
+    """A checkpoint directory (config.json, safetensors, tokenizer), made once in folder."""
+    folder = Path(folder)
+    if (folder / "config.json").exists():
+        return str(folder)
+    import transformers
+
+    from scheduler_svc.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)  # the prompts' ids and the stop token stay meaningful
+    config = transformers.LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    tmp = folder.with_name(folder.name + ".tmp")
+    transformers.LlamaForCausalLM(config).save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(folder)  # whole or absent, also when interrupted
+    return str(folder)

@@ -1,0 +1,47 @@
+"""`batchwire bench all --quick` runs every benchmark end to end and leaves sane results behind.
+Nothing here is about speed: only that the code runs and its files hold what a reader expects."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+NAMES = ("throughput", "serve", "step", "prefix")
+
+
+def test_bench_all_quick(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "scheduler_svc.cli", "bench", "all", "--quick", "--threads", "1",
+           "--results", str(tmp_path)]
+    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = {}
+    for name in NAMES:
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        results[name] = data = json.loads((tmp_path / f"{name}.json").read_text())
+        assert data["benchmark"] == name and data["tables"]
+        assert {"cpu", "cores", "torch", "dtype", "torch_threads"} <= data["machine"].keys()
+        assert all(t["rows"] for t in data["tables"])
+
+    throughput = results["throughput"]["results"]
+    assert {"batchwire uni", "batchwire zmq", "batchwire grpc", "transformers batch 16",
+            "transformers batch 64"} <= throughput.keys()
+    for figures in throughput.values():
+        assert len(figures["useful_tok_s"]["runs"]) == 2 and figures["useful_tok_s"]["min"] > 0
+    assert 0 < results["throughput"]["mfu"]["configs"]["batchwire uni"]["mfu"]
+    assert results["throughput"]["skipped"]["llama.cpp"]  # the tiny model has no GGUF file
+    parts = results["throughput"]["profile"]["parts"]
+    assert parts["attention"]["ms_per_step"] > 0 and parts["sampling"]["ms_per_step"] > 0
+
+    serve = results["serve"]["summary"]
+    assert set(serve) == {"8", "inf"}
+    for figures in serve.values():
+        assert figures["completed"] == 8 and figures["failed"] == 0
+        for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert 0 < figures[metric]["p50"] <= figures[metric]["p99"]
+
+    assert results["step"]["ratios"]["rebuild / persistent batch"] > 0
+    assert "transport zmq" in results["step"]["results"]
+    assert results["prefix"]["ratios"]["shared prefix: TTFT, off / on"] > 0
