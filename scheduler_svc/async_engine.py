@@ -21,6 +21,7 @@ from typing import Any
 
 from scheduler_svc.engine_core import EngineCore
 from scheduler_svc.outputs import EngineCoreOutput
+from scheduler_svc.replicas import ReplicatedEngine
 from scheduler_svc.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -114,7 +115,7 @@ class AsyncEngine:
     """`observer`, when given, is called on the event loop with each finished stream and its last
     output, and on the engine thread with the EngineStats of each step (metrics)."""
 
-    def __init__(self, core: EngineCore, observer: Any = None) -> None:
+    def __init__(self, core: EngineCore | ReplicatedEngine, observer: Any = None) -> None:
         self.core = core
         self.observer = observer
         self.stats = EngineStats()
@@ -126,6 +127,8 @@ class AsyncEngine:
         self._keygen = itertools.count()
         self._commands: queue.SimpleQueue[tuple] = queue.SimpleQueue()
         self._wake = threading.Event()
+        if isinstance(core, ReplicatedEngine):  # a replica joining or leaving wakes the loop
+            core.wake = self._wake.set
         self._idle = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None

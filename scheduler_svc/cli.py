@@ -192,15 +192,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
     groups = tuple(g for g in args.worker_addresses if g)
-    if not groups and not args.discover_workers:
-        raise SystemExit("batchwire scheduler: give the workers with --worker-addresses "
-                         "(or BATCHWIRE_WORKER_ADDRESSES), or --discover-workers on Kubernetes; "
-                         "`batchwire serve` starts its own")
     if groups and args.discover_workers:
         raise SystemExit("batchwire scheduler: --worker-addresses or --discover-workers, not both")
     return _run_server(args, _scheduler_config(args, executor_backend=args.transport,
                                                worker_addresses=groups,
                                                worker_tls=_worker_tls(args)),
+                       # With neither, it serves once a group registers (--scheduler-address).
+                       replicas=0 if not groups else 1,
                        discover_workers=args.discover_workers or None,
                        discovery_namespace=args.discovery_namespace,
                        worker_drain_timeout_s=args.worker_drain_timeout)
@@ -380,7 +378,10 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler = sub.add_parser(
         "scheduler", help="the scheduler alone, driving workers started elsewhere",
         description="Serve the client API and drive workers started on their own "
-        "(`batchwire worker`). The model options must match the workers'.")
+        "(`batchwire worker`): the groups listed with --worker-addresses, the pods found with "
+        "--discover-workers, and any group that registers (`batchwire worker "
+        "--scheduler-address HOST:PORT`, this server's port). With no group listed it serves "
+        "once the first one registers. The model options must match the workers'.")
     _add_model_options(scheduler)
     w = scheduler.add_argument_group("workers")
     _option(w, "--transport", "zmq", "how to reach the workers", choices=("grpc", "zmq"))

@@ -30,13 +30,16 @@ from tqdm import tqdm
 
 from scheduler_svc.async_engine import AsyncEngine
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.engine_core import EngineCore
+from scheduler_svc.executor import Executor
 from scheduler_svc.generation_servicer import (
     SERVICE_NAME,
     GenerationServicer,
     LoadedModel,
 )
 from scheduler_svc.metrics import SchedulerMetrics, serve_metrics
+from scheduler_svc.registry import SERVICE_NAME as REGISTRY_SERVICE_NAME
+from scheduler_svc.registry import WorkerRegistryServicer, add_registry_to_server
+from scheduler_svc.replicas import ReplicatedEngine
 from scheduler_svc.sampling_params import SamplingParams
 from scheduler_svc.security import ServerTls, add_port, interceptors, start_health_server
 from scheduler_svc.tokenizer import load_tokenizer
@@ -66,7 +69,9 @@ class ServerConfig:
     max_connection_age_s: float = 600.0
     max_connection_age_grace_s: float = 600.0
     progress: bool = True  # progress bar while the model loads
-    replicas: int = 1  # worker groups started by the scheduler (data parallel)
+    # Worker groups started by the scheduler (data parallel); 0 with no configured addresses:
+    # serve once the first group registers (`batchwire worker --scheduler-address`).
+    replicas: int = 1
     tls: ServerTls | None = None  # the client port speaks TLS (mutual with a client CA)
     api_key_file: str | None = None  # clients must send `authorization: Bearer <key>`
     health_port: int | None = None  # plaintext port serving health checks alone (probes)
@@ -84,8 +89,8 @@ class ServerConfig:
                      "keepalive_timeout_s", "max_connection_age_s", "max_connection_age_grace_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be at least 1, got {self.replicas}")
+        if self.replicas < 0:
+            raise ValueError(f"replicas must be at least 0, got {self.replicas}")
         if self.max_message_bytes < 1 << 16:
             raise ValueError(f"max_message_bytes must be at least 64 KiB, got "
                              f"{self.max_message_bytes}")
@@ -115,24 +120,21 @@ def version() -> str:
 
 
 def load_model(config: SchedulerConfig, progress: bool = True, replicas: int = 1
-               ) -> tuple[Any, Any]:
-    """The tokenizer and an engine whose workers are loaded and hold their KV cache: an
-    EngineCore for one worker group, a ReplicatedEngine for several."""
+               ) -> tuple[ReplicatedEngine, Any]:
+    """The tokenizer and an engine whose workers are loaded and hold their KV cache.
+
+    A server always runs a ReplicatedEngine, even over one worker group: when that group fails,
+    its requests end with UNAVAILABLE and the engine waits for a group to join, where an
+    EngineCore would be gone for good."""
     with tqdm(total=2, disable=not progress, bar_format="{desc} ({n}/{total}) [{elapsed}]") as bar:
         bar.set_description_str("Loading the tokenizer")
         tokenizer = load_tokenizer(config.model)
         bar.update()
         bar.set_description_str("Loading the model and allocating the KV cache")
-        if replicas > 1 or len(config.worker_addresses) > 1:
-            from scheduler_svc.executor import Executor
-            from scheduler_svc.replicas import ReplicatedEngine
-
-            # Configured addresses name the groups; otherwise each executor starts its own.
-            executors = () if config.worker_addresses else [
-                Executor.get_class(config)(config) for _ in range(replicas)]
-            core: Any = ReplicatedEngine(config, executors, tokenizer=tokenizer)
-        else:
-            core = EngineCore(config, tokenizer=tokenizer)
+        # Configured addresses name the groups; otherwise each executor starts its own.
+        executors = None if config.worker_addresses else [
+            Executor.get_class(config)(config) for _ in range(replicas)]
+        core = ReplicatedEngine(config, executors, tokenizer=tokenizer)
         bar.update()
         bar.set_description_str("Loaded")
     return core, tokenizer
@@ -157,20 +159,14 @@ def _worker_view(executor: Any, info: Any, draining: bool = False) -> WorkerView
     return WorkerView(",".join(addresses), state, info.device, info.tensor_parallel_size or 1)
 
 
-def describe(core: Any, tokenizer: Any, engine: AsyncEngine) -> LoadedModel:
-    replicas = getattr(core, "replicas", None)
-    if replicas is not None:  # a ReplicatedEngine: replicas come and go while it serves
-        first = replicas[0]
-        scheduler, info, executor = first.scheduler, first.info, first.executor
+def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine) -> LoadedModel:
+    """The model as the first replica serves it; every replica that joins serves the same."""
+    first = core.replicas[0]
+    scheduler, info, executor = first.scheduler, first.info, first.executor
 
-        def workers() -> list[WorkerView]:
-            return [_worker_view(r.executor, r.info, r.draining) for r in list(core.replicas)]
-    else:
-        scheduler, executor = core.scheduler, core.executor
-        info = executor.get_info()
+    def workers() -> list[WorkerView]:  # replicas come and go while the engine serves
+        return [_worker_view(r.executor, r.info, r.draining) for r in list(core.replicas)]
 
-        def workers() -> list[WorkerView]:
-            return [_worker_view(executor, info)]
     return LoadedModel(
         engine=engine, tokenizer=tokenizer, config=core.config, model_name=info.model_name,
         vocab_size=scheduler.vocab_size, max_model_len=scheduler.max_model_len,
@@ -215,12 +211,16 @@ class SchedulerServer:
         self.metrics = SchedulerMetrics()
         self.servicer = GenerationServicer(version(), config.max_message_bytes)
         self.health = HealthServicer()
+        # Workers started on their own join here; answered UNAVAILABLE until the engine loads.
+        self.registry = WorkerRegistryServicer(None, config.scheduler)
         self.server = grpc.aio.server(options=config.grpc_options(),
                                       interceptors=interceptors(config.api_key_file))
         generate_pb2_grpc.add_GenerationServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        add_registry_to_server(self.registry, self.server)
         reflection.enable_server_reflection(
-            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            (SERVICE_NAME, REGISTRY_SERVICE_NAME,
+             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
              reflection.SERVICE_NAME), self.server)
         self.engine: AsyncEngine | None = None
         self.port = 0
@@ -255,6 +255,10 @@ class SchedulerServer:
         self.engine = AsyncEngine(core)
         self.engine.on_dead = self._on_engine_dead
         self.engine.start()
+        self.registry.attach_engine(core)
+        if not await self._first_replica(core):
+            await self._drain()
+            return 0
         await warm_up(self.engine, tokenizer)
         self.engine.observer = self.metrics
         model = describe(core, tokenizer, self.engine)
@@ -265,7 +269,19 @@ class SchedulerServer:
         await self._drain()
         return 0
 
-    def _load(self) -> tuple[Any, Any]:
+    async def _first_replica(self, core: ReplicatedEngine) -> bool:
+        """Waits until a worker group serves (at once unless none was started or configured);
+        False when told to stop first."""
+        if not core.replicas:
+            logger.info("no worker group yet: waiting for one to register "
+                        "(batchwire worker --scheduler-address HOST:%d)", self.port)
+        while not core.replicas:
+            if self._stop.is_set():
+                return False
+            await asyncio.sleep(0.1)
+        return True
+
+    def _load(self) -> tuple[ReplicatedEngine, Any]:
         cfg = self.config
         if cfg.discover_workers:
             from scheduler_svc.discovery import load_discovered
