@@ -9,9 +9,10 @@ Replicas come and go while the engine runs. attach() and detach() may be called 
 (a registration RPC); the engine thread applies them between steps. A detached (draining) replica
 takes no new requests: its waiting ones move to the others at once, its running ones finish there
 or, after drain_timeout_s, move too. A replica whose workers fail is dropped at once and its
-requests move: each is re-queued on a survivor with its prompt plus the tokens already streamed
-as the new prompt, so the stream goes on with no gap and no duplicate (greedy output is the same
-as an undisturbed run; penalties and seeded sampling restart their state, see move_request()).
+requests move: each is re-queued on a survivor with its prompt and the tokens already streamed,
+recomputed there, so the stream goes on with no gap and no duplicate, and with the tokens of an
+undisturbed run: the new worker counts the earlier tokens as output (penalties, min_tokens) and
+moves a seeded generator past their draws.
 With no replica to take them, requests fail with NoReplicaError, which a service answers with
 UNAVAILABLE; the engine itself stays usable for replicas that join later.
 
@@ -69,30 +70,23 @@ class Replica:
         return self.scheduler.get_num_unfinished_requests()
 
 
-@dataclasses.dataclass(slots=True)
-class _Moved:
-    """A request that changed replicas: what its client has seen before the move."""
-
-    num_prompt_tokens: int  # of the original prompt
-    num_output_tokens: int  # streamed before the latest move
-
-
 class ReplicatedEngine:
-    def __init__(self, config: SchedulerConfig, executors: Sequence[Executor] = (),
+    def __init__(self, config: SchedulerConfig, executors: Sequence[Executor] | None = None,
                  tokenizer: Any = None, drain_timeout_s: float = 120.0) -> None:
+        """executors: the connected groups; None connects those of the config (or starts one),
+        an empty list starts with none and waits for attach()."""
         self.config = config
         self.tokenizer = tokenizer
         self.drain_timeout_s = drain_timeout_s
         self.replicas: list[Replica] = []
         self._owner: dict[str, Replica] = {}  # client id -> the replica running it
-        self._moved: dict[str, _Moved] = {}
         self._commands: queue.SimpleQueue = queue.SimpleQueue()
         self._ids = itertools.count()
         self.num_moved = 0  # requests re-queued on another replica, for metrics and tests
         # Called (from the calling thread) after attach() or detach() queued a change, so that a
         # loop waiting for requests wakes up and applies it: an idle engine would not step.
         self.wake: Callable[[], None] | None = None
-        for executor in executors or self._connect_configured():
+        for executor in self._connect_configured() if executors is None else executors:
             self._add_replica(executor)
 
     def _connect_configured(self) -> list[Executor]:
@@ -225,48 +219,31 @@ class ReplicatedEngine:
         return max(tied, key=lambda r: _prefix_hits(r.scheduler, token_ids, cache_salt))
 
     def move_request(self, request: Request, source: Replica) -> bool:
-        """Re-queues an unfinished request on another replica: its prompt and the tokens already
-        streamed become the new prompt, its token limits shrink by what it already produced.
-        NOTE: the new worker sees the earlier output as prompt, so frequency and presence
-        penalties and a seeded generator start afresh; greedy decoding is unaffected."""
+        """Re-queues an unfinished request on another replica with everything it has done: its
+        output tokens, its detokenizer and its grammar matcher (scheduler.add_request)."""
         client_id = request.client_id
         target = self._place(request.all_token_ids, request.cache_salt, exclude=source)
         if target is None:
             return False
-        done = request.num_output_tokens
-        params = request.sampling_params
-        if done:
-            params = dataclasses.replace(params, max_tokens=params.max_tokens - done,
-                                         min_tokens=max(0, params.min_tokens - done))
         try:
-            # The matcher moves too: it has accepted the output that is now part of the prompt.
-            target.scheduler.add_request(request.all_token_ids, params, client_id=client_id,
-                                         arrival_time=request.arrival_time,
-                                         priority=request.priority, cache_salt=request.cache_salt,
-                                         grammar=request.grammar)
+            target.scheduler.add_request(
+                request.prompt_token_ids, request.sampling_params, client_id=client_id,
+                arrival_time=request.arrival_time, priority=request.priority,
+                cache_salt=request.cache_salt, grammar=request.grammar,
+                output_token_ids=request.output_token_ids, detokenizer=request.detokenizer)
         except (InvalidRequestError, QueueFullError) as e:
             logger.warning("request %s cannot move to replica %s: %s", client_id,
                            target.replica_id, e)
             return False
-        moved = self._moved.get(client_id)
-        if moved is None:
-            self._moved[client_id] = _Moved(request.num_prompt_tokens, done)
-        else:
-            moved.num_output_tokens += done
         self._owner[client_id] = target
         self.num_moved += 1
         return True
 
     def _patch(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
-        """Token counts as the client knows them, across moves; forgets finished requests."""
+        """Forgets the owners of finished requests."""
         for out in outputs:
-            moved = self._moved.get(out.request_id)
-            if moved is not None:
-                out.num_prompt_tokens = moved.num_prompt_tokens
-                out.num_output_tokens += moved.num_output_tokens
             if out.finished:
                 self._owner.pop(out.request_id, None)
-                self._moved.pop(out.request_id, None)
         return outputs
 
     # -- replicas joining, draining, failing ----------------------------------------------------
@@ -356,7 +333,6 @@ class ReplicatedEngine:
             else:
                 lost.append(request.client_id)
                 self._owner.pop(request.client_id, None)
-                self._moved.pop(request.client_id, None)
         logger.info("replica %s %s: %d request(s) moved, %d lost", replica.replica_id, reason,
                     moved, len(lost))
         try:

@@ -103,10 +103,17 @@ class Scheduler:
         priority: int = 0,
         cache_salt: str | None = None,
         grammar: RequestGrammar | None = None,
+        output_token_ids: Sequence[int] = (),
+        detokenizer: IncrementalDetokenizer | None = None,
     ) -> Request:
         """Validates and queues a request; raises InvalidRequestError or QueueFullError.
-        `grammar`: the matcher a moved request brings along, already past its output."""
-        validate_prompt(prompt_token_ids, self.vocab_size, self.max_model_len)
+
+        A request moved from another replica brings what it has done there: `output_token_ids`
+        (recomputed after the prompt; they count towards max_tokens and the penalties), its
+        `detokenizer` (with any text held back for stop strings) and its `grammar` matcher,
+        already past that output."""
+        validate_prompt([*prompt_token_ids, *output_token_ids] if output_token_ids
+                        else prompt_token_ids, self.vocab_size, self.max_model_len)
         sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)
         if sampling_params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer, this engine has none")
@@ -120,14 +127,15 @@ class Scheduler:
         client_id = wire_id if client_id is None else client_id
         if client_id in self._wire_ids:
             raise InvalidRequestError("request_id", f"{client_id!r} is already running")
-        detok = None
-        if self.tokenizer is not None:
+        detok = detokenizer
+        if detok is None and self.tokenizer is not None:
             detok = IncrementalDetokenizer(
                 self.tokenizer, prompt_token_ids, sampling_params.stop,
                 sampling_params.include_stop_str_in_output, sampling_params.skip_special_tokens)
         request = Request(wire_id, list(prompt_token_ids), sampling_params, self.eos_token_ids,
                           client_id, arrival_time if arrival_time is not None else time.monotonic(),
                           priority, cache_salt, detok, self.max_model_len)
+        request.all_token_ids.extend(output_token_ids)
         self.requests[wire_id] = request
         self._wire_ids[client_id] = wire_id
         if grammar is not None:
@@ -379,6 +387,7 @@ class Scheduler:
             so.scheduled_new_reqs.add(
                 req_id=r.request_id,
                 prompt_token_ids=r.prompt_token_ids,
+                output_token_ids=r.output_token_ids,  # empty unless it moved from a replica
                 sampling=r.sampling_params.to_proto(self.eos_token_ids),
                 block_ids=self.kv.block_ids(r.request_id),
                 num_computed_tokens=r.num_computed_tokens,

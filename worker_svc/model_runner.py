@@ -162,9 +162,10 @@ class ModelRunner:
                 req_id=new.req_id,
                 prompt_token_ids=list(new.prompt_token_ids),
                 sampling=new.sampling,
-                generator=self._generator(new.sampling),
+                generator=self._generator(new.sampling, len(new.output_token_ids)),
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
+                output_token_ids=list(new.output_token_ids),
             )
             self.requests[new.req_id] = state
             to_add.append(state)
@@ -200,11 +201,16 @@ class ModelRunner:
             batch.add_request(state)
         batch.condense()
 
-    def _generator(self, sampling: worker_pb2.RequestSamplingParams) -> torch.Generator | None:
+    def _generator(
+        self, sampling: worker_pb2.RequestSamplingParams, num_drawn: int
+    ) -> torch.Generator | None:
+        """A seeded request's generator, past the `num_drawn` draws of a worker it moved from."""
         if not sampling.HasField("seed"):
             return None
         generator = torch.Generator(device=self.device)  # on the logits' device
         generator.manual_seed(sampling.seed)
+        if num_drawn and sampling.temperature > 0:
+            self.sampler.skip_draws(generator, self.vocab_size, num_drawn)
         return generator
 
     # -- the layout ----------------------------------------------------------------------------

@@ -80,6 +80,14 @@ class Sampler:
             return random
         return torch.where(metadata.temperature < GREEDY_EPS, greedy, random)
 
+    @staticmethod
+    def skip_draws(generator: torch.Generator, vocab_size: int, num_steps: int) -> None:
+        """Moves a seeded generator past `num_steps` sampled tokens: one float32 row of
+        `vocab_size` uniforms each, as _exponential_race draws them."""
+        row = torch.empty(vocab_size, dtype=torch.float32, device=generator.device)
+        for _ in range(num_steps):
+            row.uniform_(generator=generator)
+
     def _exponential_race(
         self, probs: torch.Tensor, generators: dict[int, torch.Generator]
     ) -> torch.Tensor:

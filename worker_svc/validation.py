@@ -45,15 +45,18 @@ def validate_scheduler_output(
         _check_id(new.req_id, where, seen)
         if new.req_id in requests and new.req_id not in finished:
             raise InvalidStepError(f"{where} is already running on this worker")
-        n_prompt = len(new.prompt_token_ids)
-        if not 0 < n_prompt < limits.max_model_len:
+        n_prompt, n_output = len(new.prompt_token_ids), len(new.output_token_ids)
+        if not 0 < n_prompt + n_output < limits.max_model_len or not n_prompt:
             raise InvalidStepError(
-                f"{where}: prompt length {n_prompt} must be in "
-                f"[1, max_model_len={limits.max_model_len})"
+                f"{where}: prompt length {n_prompt} plus output length {n_output} must be in "
+                f"[1, max_model_len={limits.max_model_len}), with a prompt"
             )
         _check_tokens(new.prompt_token_ids, limits.vocab_size, where)
+        _check_tokens(new.output_token_ids, limits.vocab_size, where)
         _check_blocks(new.block_ids, limits, where)
-        _check_counts(new.num_computed_tokens, new.num_scheduled_tokens, n_prompt, where)
+        _check_counts(
+            new.num_computed_tokens, new.num_scheduled_tokens, n_prompt + n_output, where
+        )
         _check_coverage(
             len(new.block_ids), new.num_computed_tokens + new.num_scheduled_tokens, limits, where
         )

@@ -1,5 +1,6 @@
 """Data-parallel replicas on real worker processes: placement across replicas, a replica killed
-mid-generation (its requests move and finish with the undisturbed tokens, no gap, no duplicate),
+mid-generation (its requests, greedy and seeded with penalties, move and finish with the
+undisturbed tokens, no gap, no duplicate),
 the last one killed (UNAVAILABLE, never a hang), and a worker that registers under load and then
 leaves on SIGTERM."""
 
@@ -30,12 +31,22 @@ def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
 
 
+def mixed(i: int, max_tokens: int) -> SamplingParams:
+    """Even requests greedy; odd ones seeded random sampling with every penalty, whose tokens
+    depend on the output so far and on the generator's position: a move must carry both."""
+    if i % 2 == 0:
+        return greedy(max_tokens)
+    return SamplingParams(temperature=0.9, top_p=0.95, seed=1000 + i, max_tokens=max_tokens,
+                          ignore_eos=True, frequency_penalty=0.5, presence_penalty=0.3,
+                          repetition_penalty=1.2)
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_llama) -> dict[str, list[int]]:
     """Each request's tokens from an undisturbed in-process engine."""
     engine = EngineCore(scheduler_config(tiny_llama))
     for i, (prompt, max_tokens) in enumerate(WORKLOAD):
-        engine.add_request(prompt, greedy(max_tokens), client_id=f"r{i}")
+        engine.add_request(prompt, mixed(i, max_tokens), client_id=f"r{i}")
     tokens: dict[str, list[int]] = {}
     while engine.has_requests():
         for out in engine.step():
@@ -72,7 +83,7 @@ def test_replicas_share_the_load_with_the_same_tokens(start_worker, tiny_llama, 
     engine = ReplicatedEngine(config)
     try:
         for i, (prompt, max_tokens) in enumerate(WORKLOAD):
-            engine.add_request(prompt, greedy(max_tokens), client_id=f"r{i}")
+            engine.add_request(prompt, mixed(i, max_tokens), client_id=f"r{i}")
         assert [r.load for r in engine.replicas] == [NUM_REQUESTS // 2] * 2
         streams = Streams()
         while engine.has_requests():
@@ -90,7 +101,7 @@ def test_killed_replica_requests_move_and_finish_unchanged(backend, start_worker
     engine = ReplicatedEngine(config)
     try:
         for i, (prompt, max_tokens) in enumerate(WORKLOAD):
-            engine.add_request(prompt, greedy(max_tokens), client_id=f"r{i}")
+            engine.add_request(prompt, mixed(i, max_tokens), client_id=f"r{i}")
         streams = Streams()
         for _ in range(8):  # every request is mid-generation
             streams.take(engine.step())
@@ -149,8 +160,8 @@ class EngineThread:
         try:
             while not self._stop.is_set():
                 while not self.inbox.empty():
-                    client_id, prompt, max_tokens = self.inbox.get()
-                    self.engine.add_request(prompt, greedy(max_tokens), client_id=client_id)
+                    client_id, prompt, params = self.inbox.get()
+                    self.engine.add_request(prompt, params, client_id=client_id)
                     self.placed[client_id] = self.engine._owner[client_id].replica_id
                 if self.engine.has_requests():
                     self.streams.take(self.engine.step())
@@ -208,7 +219,7 @@ def test_worker_joins_under_load_and_leaves_on_sigterm(start_worker, registry, r
     driver, address = registry(first)
     engine = driver.engine
     for i, (prompt, max_tokens) in enumerate(WORKLOAD[:4]):
-        driver.inbox.put((f"r{i}", prompt, max_tokens))
+        driver.inbox.put((f"r{i}", prompt, mixed(i, max_tokens)))
     driver.wait_for(lambda: len(driver.streams.tokens) == 4)
 
     second = start_worker("--scheduler-address", address)  # registers once serving
@@ -216,7 +227,7 @@ def test_worker_joins_under_load_and_leaves_on_sigterm(start_worker, registry, r
     first_id, newcomer = (r.replica_id for r in engine.replicas)
     for i in range(4, NUM_REQUESTS):
         prompt, max_tokens = WORKLOAD[i]
-        driver.inbox.put((f"r{i}", prompt, max_tokens))
+        driver.inbox.put((f"r{i}", prompt, mixed(i, max_tokens)))
     driver.wait_for(lambda: len(driver.placed) == NUM_REQUESTS)
     # The newcomer is the least loaded (or tied, behind the first): it takes requests at once.
     assert sum(r == newcomer for r in driver.placed.values()) >= 2

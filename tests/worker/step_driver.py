@@ -68,7 +68,8 @@ class StepDriver:
             req.blocks += new_blocks
             if not req.sent:
                 so.scheduled_new_reqs.add(
-                    req_id=req.req_id, prompt_token_ids=req.prompt, sampling=req.sampling,
+                    req_id=req.req_id, prompt_token_ids=req.prompt, output_token_ids=req.output,
+                    sampling=req.sampling,
                     block_ids=req.blocks, num_computed_tokens=req.computed, num_scheduled_tokens=n,
                 )  # fmt: skip
                 req.sent = True

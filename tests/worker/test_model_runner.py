@@ -180,6 +180,12 @@ BAD_STEPS = {
     "null block": lambda: step(new=[new_req("n", prompt(4), [0], 0, 4)]),
     "more tokens than the request has": lambda: step(cached=[("a", [], 8, 5)]),
     "token outside the vocabulary": lambda: step(new=[new_req("n", [1, 2, 100_000], [3], 0, 3)]),
+    "output token outside the vocabulary": lambda: step(
+        new=[pb.NewRequestData(
+            req_id="n", prompt_token_ids=[1, 2], output_token_ids=[3, 100_000], sampling=greedy(),
+            block_ids=[3], num_computed_tokens=0, num_scheduled_tokens=4,
+        )]
+    ),  # fmt: skip
     "too few blocks": lambda: step(new=[new_req("n", prompt(40), [3], 0, 40)]),
     "wrong total": lambda: pb.SchedulerOutput(
         scheduled_new_reqs=[new_req("n", prompt(4), [3], 0, 4)], total_num_scheduled_tokens=9
@@ -290,3 +296,24 @@ def test_seeded_tokens_do_not_depend_on_prefill_chunking(tiny_checkpoints):
         driver.add("s", prompt(37, 11), 10, seeded)
         outputs.append(driver.run()["s"])
     assert outputs[0] == outputs[1]
+
+
+def test_moved_request_continues_as_if_it_had_never_moved(tiny_checkpoints):
+    """A request arriving with output_token_ids (moved from another worker) recomputes them,
+    counts them as output for the penalties and skips its seeded generator past their draws."""
+    from tests.worker.conftest import tiny_worker
+
+    sampling = pb.RequestSamplingParams(
+        temperature=0.9, top_p=0.95, seed=77, frequency_penalty=0.6, presence_penalty=0.4,
+        repetition_penalty=1.3,
+    )  # fmt: skip
+    worker = tiny_worker(tiny_checkpoints["llama"])
+    undisturbed = StepDriver(worker.runner, worker.num_blocks, 16)
+    undisturbed.add("m", prompt(19, 5), 24, sampling)
+    expected = undisturbed.run()["m"]
+
+    worker.reset()
+    moved = StepDriver(worker.runner, worker.num_blocks, 16, chunk=16)
+    moved.add("m", prompt(19, 5), 24, sampling)
+    moved.active["m"].output = expected[:9]  # what the first worker had produced
+    assert moved.run()["m"] == expected
