@@ -37,7 +37,8 @@ class Process:
         return self.info
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # stop() closes it; the file stays readable
+            self._log.flush()
         return self.log_path.read_text()[-5000:]
 
     def signal(self, sig: int) -> None:
