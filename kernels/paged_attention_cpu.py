@@ -4,10 +4,16 @@ A step's rows split into decode rows (one query token) and prefill rows (a promp
 attends to its cached prefix and causally to itself). The split and every index tensor are
 built once per step into an `AttentionPlan` that all layers reuse (`metadata.plan`):
 - decode rows are batched: sorted into a few groups of similar length (so padding at most
-  doubles the keys read), each group's K/V blocks gathered with one index_select into
-  [rows, max_blocks * block_size] and attended with one SDPA call under a length mask, the GQA
-  group of query heads standing in as the query length (no K/V head expansion);
-- prefill rows (few per step) get one SDPA call each, causal with the cached prefix as offset.
+  doubles the keys read), each group's K/V blocks gathered head-major with one index_select
+  into [kv_heads, rows, max_blocks * block_size, head_dim] and attended with two batched
+  matmuls around a softmax under a length bias, the GQA group of query heads standing in as
+  the matmul's rows (no K/V head expansion). NOTE: CPU SDPA costs ~3x more at this shape (a
+  query length of one GQA group); the matmuls need each head's keys contiguous, hence the
+  head-major gather;
+- prefill rows (few per step) are attended the same way one at a time, in chunks of query
+  rows, under a causal bias that counts the cached prefix.
+Scores come out of the matmul in the cache's dtype and are softmaxed in float32 (as
+transformers' eager attention does); float32 caches stay float32 throughout.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ import dataclasses
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from kernels.attention_metadata import AttentionMetadata
+
+# Query rows of a prompt attended at once: bounds the float32 scores to
+# [num_q_heads, PREFILL_QUERY_CHUNK, seq_len].
+PREFILL_QUERY_CHUNK = 256
 
 
 @dataclasses.dataclass(slots=True)
@@ -26,7 +35,7 @@ class DecodeGroup:
     num_rows: int
     tokens: torch.Tensor | slice  # [num_rows] int64 token indices, a slice when contiguous
     blocks: torch.Tensor  # [num_rows * max_blocks] int64 cache blocks, 0 past a row's seq_len
-    mask: torch.Tensor  # [num_rows, 1, 1, max_blocks * block_size] bool, True = attend
+    bias: torch.Tensor  # [num_rows, 1, max_blocks * block_size] float32: 0 attend, -inf not
 
 
 @dataclasses.dataclass(slots=True)
@@ -34,8 +43,7 @@ class PrefillRow:
     start: int  # first token of the request in the step's token dim
     end: int
     slots: torch.Tensor  # [seq_len] int64: cache slot of every key position
-    # [query_len, seq_len] bool, True = attend; None when there is no cached prefix (plain causal).
-    mask: torch.Tensor | None
+    bias: torch.Tensor  # [query_len, seq_len] float32: 0 attend, -inf not (causal after the prefix)
 
 
 @dataclasses.dataclass(slots=True)
@@ -52,7 +60,9 @@ class AttentionPlan:
     def gather_buffers(
         self, group: int, k_cache: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        shape = (self.decode_groups[group].blocks.numel(), *k_cache.shape[1:])
+        # [kv_heads, rows * max_blocks, block_size, head_dim]: each head's keys contiguous
+        num_blocks = self.decode_groups[group].blocks.numel()
+        shape = (k_cache.shape[2], num_blocks, k_cache.shape[1], k_cache.shape[3])
         key = (group, k_cache.dtype, k_cache.device, shape)
         if key not in self.workspace:
             buffer = torch.empty(shape, dtype=k_cache.dtype, device=k_cache.device)
@@ -95,7 +105,9 @@ def _decode_group(
         num_rows=len(reqs_np),
         tokens=tokens if tokens is not None else torch.from_numpy(tokens_np).to(device),
         blocks=table.reshape(-1),
-        mask=(key_pos < lens[:, None])[:, None, None, :],
+        bias=torch.zeros(len(reqs_np), 1, len(key_pos), device=device).masked_fill_(
+            (key_pos >= lens[:, None])[:, None, :], float("-inf")
+        ),
     )
 
 
@@ -117,12 +129,11 @@ def build_plan(metadata: AttentionMetadata, block_size: int) -> AttentionPlan:
         pos = torch.arange(seq_len, device=device)  # [seq_len] key positions
         blocks = metadata.block_table[r, : -(-seq_len // block_size)].long()
         slots = blocks[pos // block_size] * block_size + pos % block_size
-        mask = None
-        if seq_len > query_len:
-            # Query i sits at position seq_len - query_len + i and sees keys up to it.
-            q_pos = torch.arange(seq_len - query_len, seq_len, device=device)
-            mask = pos[None, :] <= q_pos[:, None]
-        prefills.append(PrefillRow(int(qsl[r]), int(qsl[r + 1]), slots, mask))
+        # Query i sits at position seq_len - query_len + i and sees keys up to it.
+        q_pos = torch.arange(seq_len - query_len, seq_len, device=device)
+        bias = torch.zeros(query_len, seq_len, device=device)
+        bias.masked_fill_(pos[None, :] > q_pos[:, None], float("-inf"))
+        prefills.append(PrefillRow(int(qsl[r]), int(qsl[r + 1]), slots, bias))
 
     return AttentionPlan(block_size, int(qsl[-1]), decode_groups, prefills)
 
@@ -160,15 +171,31 @@ def _decode(
     group = plan.decode_groups[group_index]
     rows = group.num_rows
     _, _, num_kv_heads, head_dim = k_cache.shape
-    q = query[group.tokens].view(rows, num_kv_heads, -1, head_dim)  # [rows, nkv, nq/nkv, hd]
-    # [rows * max_blocks, block_size, nkv, hd] -> [rows, nkv, max_len, hd] (a view)
+    kv_group = query.shape[1] // num_kv_heads
     k, v = plan.gather_buffers(group_index, k_cache)
-    torch.index_select(k_cache, 0, group.blocks, out=k)
-    torch.index_select(v_cache, 0, group.blocks, out=v)
-    k = k.view(rows, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = v.view(rows, -1, num_kv_heads, head_dim).transpose(1, 2)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale)
-    out[group.tokens] = o.reshape(rows, -1, head_dim)  # [rows, nq, hd]
+    _gather_head_major(k_cache, group.blocks, k)
+    _gather_head_major(v_cache, group.blocks, v)
+    k = k.view(num_kv_heads * rows, -1, head_dim)  # [nkv * rows, max_len, hd]
+    v = v.view(num_kv_heads * rows, -1, head_dim)
+    # [rows, nq, hd] -> [nkv * rows, nq/nkv, hd]: one small copy
+    q = query[group.tokens].view(rows, num_kv_heads, kv_group, head_dim).transpose(0, 1)
+    q = q.reshape(num_kv_heads * rows, kv_group, head_dim)
+    scores = torch.bmm(q, k.transpose(1, 2)).float().mul_(scale)  # [nkv * rows, nq/nkv, max_len]
+    probs = scores.view(num_kv_heads, rows, kv_group, -1).add_(group.bias).softmax(dim=-1)
+    o = torch.bmm(probs.view_as(scores).to(v.dtype), v)  # [nkv * rows, nq/nkv, hd]
+    out[group.tokens] = (
+        o.view(num_kv_heads, rows, kv_group, head_dim).transpose(0, 1).reshape(rows, -1, head_dim)
+    )  # [rows, nq, hd]
+
+
+def _gather_head_major(cache: torch.Tensor, blocks: torch.Tensor, out: torch.Tensor) -> None:
+    """cache [num_blocks, block_size, nkv, hd] -> out [nkv, len(blocks), block_size, hd]."""
+    by_head = cache.permute(2, 0, 1, 3)  # [nkv, num_blocks, block_size, hd], a view
+    if by_head.is_contiguous():  # kv_cache_zeros' CPU layout: whole blocks of one head
+        torch.index_select(by_head, 1, blocks, out=out)
+    else:
+        for h in range(cache.shape[2]):
+            torch.index_select(cache[:, :, h], 0, blocks, out=out[h])
 
 
 def _prefill(
@@ -180,17 +207,28 @@ def _prefill(
     out: torch.Tensor,
 ) -> None:
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k = k_cache.view(-1, num_kv_heads, head_dim).index_select(0, row.slots)  # [seq_len, nkv, hd]
-    v = v_cache.view(-1, num_kv_heads, head_dim).index_select(0, row.slots)
-    q = query[row.start : row.end].transpose(0, 1)  # [nq, query_len, hd]
-    # NOTE: 4-d inputs: CPU SDPA sends 3-d ones to its slow math path (~20x slower here).
-    o = F.scaled_dot_product_attention(
-        q[None],
-        k.transpose(0, 1)[None],
-        v.transpose(0, 1)[None],
-        attn_mask=row.mask,
-        is_causal=row.mask is None,
-        scale=scale,
-        enable_gqa=True,
-    )  # [1, nq, query_len, hd]
-    out[row.start : row.end] = o[0].transpose(0, 1)
+    kv_group = query.shape[1] // num_kv_heads
+    k = _gather_slots(k_cache, row.slots)  # [nkv, seq_len, hd]
+    v = _gather_slots(v_cache, row.slots)
+    prefix = k.shape[1] - (row.end - row.start)  # cached tokens before this chunk
+    for start in range(row.start, row.end, PREFILL_QUERY_CHUNK):
+        end = min(start + PREFILL_QUERY_CHUNK, row.end)
+        n, seen = end - start, prefix + end - row.start  # queries; keys they can see
+        # [n, nq, hd] -> [nkv, nq/nkv * n, hd]
+        q = query[start:end].view(n, num_kv_heads, kv_group, head_dim).permute(1, 2, 0, 3)
+        q = q.reshape(num_kv_heads, kv_group * n, head_dim)
+        scores = torch.bmm(q, k[:, :seen].transpose(1, 2)).float().mul_(scale)  # [nkv, g*n, seen]
+        bias = row.bias[start - row.start : end - row.start, :seen]  # [n, seen]
+        scores.view(num_kv_heads, kv_group, n, seen).add_(bias)
+        o = torch.bmm(scores.softmax(dim=-1).to(v.dtype), v[:, :seen])  # [nkv, g*n, hd]
+        out[start:end] = (
+            o.view(num_kv_heads, kv_group, n, head_dim).permute(2, 0, 1, 3).reshape(n, -1, head_dim)
+        )  # [n, nq, hd]
+
+
+def _gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """cache [num_blocks, block_size, nkv, hd] -> [nkv, len(slots), hd]."""
+    by_head = cache.permute(2, 0, 1, 3)  # [nkv, num_blocks, block_size, hd], a view
+    if by_head.is_contiguous():
+        return by_head.view(by_head.shape[0], -1, by_head.shape[3]).index_select(1, slots)
+    return cache.view(-1, *cache.shape[2:]).index_select(0, slots).transpose(0, 1)

@@ -7,6 +7,7 @@ import logging
 import torch
 from batchwire.v1 import worker_pb2
 
+from kernels.kv_cache import kv_cache_zeros
 from worker_svc.config import WorkerConfig
 from worker_svc.loaders.weights import load_model
 from worker_svc.model_files import model_name, resolve_model_path
@@ -39,8 +40,8 @@ def allocate_kv_cache(model: LlamaForCausalLM, config: WorkerConfig) -> int:
     shape = (num_blocks, config.block_size, model.plan.num_kv_heads, cfg.head_dim)
     for layer in model.layers:
         attn = layer.self_attn
-        attn.k_cache = torch.zeros(shape, dtype=config.torch_dtype, device=config.device)
-        attn.v_cache = torch.zeros(shape, dtype=config.torch_dtype, device=config.device)
+        attn.k_cache = kv_cache_zeros(*shape, config.torch_dtype, config.device)
+        attn.v_cache = kv_cache_zeros(*shape, config.torch_dtype, config.device)
     return int(num_blocks)
 
 

@@ -9,6 +9,7 @@ import torch
 from kernel_factories import ATOL, make_paged_batch
 
 import kernels
+from kernels.kv_cache import kv_cache_zeros
 from kernels.paged_attention import paged_attention_reference
 from kernels.paged_attention_cpu import build_plan, paged_attention_torch
 
@@ -62,6 +63,33 @@ def test_paged_attention_decode_rows_out_of_order():
     expected = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.metadata, 0.25)
     got = kernels.paged_attention(b.query, b.k_cache, b.v_cache, b.metadata, 0.25)
     torch.testing.assert_close(got, expected, atol=ATOL[torch.float32], rtol=0)
+
+
+def head_major(cache: torch.Tensor) -> torch.Tensor:
+    """The same cache in kv_cache_zeros' CPU storage."""
+    out = kv_cache_zeros(*cache.shape, cache.dtype, "cpu")
+    assert out.permute(2, 0, 1, 3).is_contiguous()
+    return out.copy_(cache)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("lens", ATTENTION_BATCHES)
+def test_paged_attention_torch_on_the_cpu_cache_layout(dtype, lens):
+    b = make_paged_batch(*lens, 6, 2, head_dim=32, dtype=dtype, num_padding_tokens=2)
+    expected = paged_attention_reference(b.query, b.k_cache, b.v_cache, b.metadata, 0.25)
+    got = paged_attention_torch(
+        b.query, head_major(b.k_cache), head_major(b.v_cache), b.metadata, 0.25
+    )
+    torch.testing.assert_close(got, expected, atol=ATOL[dtype], rtol=0)
+
+
+def test_reshape_and_cache_on_the_cpu_cache_layout():
+    b = make_paged_batch([3, 1], [20, 7], 4, 2, head_dim=8)
+    k_cache, v_cache = head_major(torch.zeros_like(b.k_cache)), head_major(b.v_cache.zero_())
+    kernels.reshape_and_cache(b.key, b.value, k_cache, v_cache, b.metadata.slot_mapping)
+    plain_k, plain_v = torch.zeros_like(b.k_cache), torch.zeros_like(b.v_cache)
+    kernels.reshape_and_cache(b.key, b.value, plain_k, plain_v, b.metadata.slot_mapping)
+    assert torch.equal(k_cache, plain_k) and torch.equal(v_cache, plain_v)
 
 
 @pytest.mark.parametrize("padding", [0, 3])
