@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 NAMES = ("throughput", "serve", "step", "prefix")
 
@@ -15,7 +17,12 @@ NAMES = ("throughput", "serve", "step", "prefix")
 def test_bench_all_quick(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "scheduler_svc.cli", "bench", "all", "--quick", "--threads", "1",
            "--results", str(tmp_path)]
-    done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    try:
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    except subprocess.TimeoutExpired as e:  # say where it stood, not only that it hung
+        tail = [(x.decode(errors="replace") if isinstance(x, bytes) else x or "")[-2000:]
+                for x in (e.stdout, e.stderr)]
+        pytest.fail("bench all --quick ran past 300 s; its output ended with:\n" + "\n".join(tail))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = {}
     for name in NAMES:
