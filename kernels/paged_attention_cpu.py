@@ -13,7 +13,8 @@ built once per step into an `AttentionPlan` that all layers reuse (`metadata.pla
 - prefill rows (few per step) are attended the same way one at a time, in chunks of query
   rows, under a causal bias that counts the cached prefix.
 Scores come out of the matmul in the cache's dtype and are softmaxed in float32 (as
-transformers' eager attention does); float32 caches stay float32 throughout.
+transformers' eager attention does); float32 caches stay float32 throughout. Few ops per
+group: at small batches each op's fixed cost is what a decode step pays.
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ class DecodeGroup:
     tokens: torch.Tensor | slice  # [num_rows] int64 token indices, a slice when contiguous
     blocks: torch.Tensor  # [num_rows * max_blocks] int64 cache blocks, 0 past a row's seq_len
     bias: torch.Tensor  # [num_rows, 1, max_blocks * block_size] float32: 0 attend, -inf not
+    # [nkv * num_rows * max_blocks] the blocks as rows of the head-major cache seen as
+    # [nkv * num_blocks, block_size, hd]; set by the first layer (all caches share a shape).
+    head_blocks: torch.Tensor | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -44,6 +48,7 @@ class PrefillRow:
     end: int
     slots: torch.Tensor  # [seq_len] int64: cache slot of every key position
     bias: torch.Tensor  # [query_len, seq_len] float32: 0 attend, -inf not (causal after the prefix)
+    head_slots: torch.Tensor | None = None  # [nkv * seq_len], as DecodeGroup.head_blocks
 
 
 @dataclasses.dataclass(slots=True)
@@ -173,26 +178,52 @@ def _decode(
     _, _, num_kv_heads, head_dim = k_cache.shape
     kv_group = query.shape[1] // num_kv_heads
     k, v = plan.gather_buffers(group_index, k_cache)
-    _gather_head_major(k_cache, group.blocks, k)
-    _gather_head_major(v_cache, group.blocks, v)
+    if group.head_blocks is None:
+        group.head_blocks = _every_head(group.blocks, num_kv_heads, k_cache.shape[0])
+    _gather_head_major(k_cache, group.blocks, group.head_blocks, k)
+    _gather_head_major(v_cache, group.blocks, group.head_blocks, v)
     k = k.view(num_kv_heads * rows, -1, head_dim)  # [nkv * rows, max_len, hd]
     v = v.view(num_kv_heads * rows, -1, head_dim)
-    # [rows, nq, hd] -> [nkv * rows, nq/nkv, hd]: one small copy
+    # [rows, nq, hd] -> [nkv, rows, nq/nkv, hd]
     q = query[group.tokens].view(rows, num_kv_heads, kv_group, head_dim).transpose(0, 1)
-    q = q.reshape(num_kv_heads * rows, kv_group, head_dim)
-    scores = torch.bmm(q, k.transpose(1, 2)).float().mul_(scale)  # [nkv * rows, nq/nkv, max_len]
-    probs = scores.view(num_kv_heads, rows, kv_group, -1).add_(group.bias).softmax(dim=-1)
-    o = torch.bmm(probs.view_as(scores).to(v.dtype), v)  # [nkv * rows, nq/nkv, hd]
-    out[group.tokens] = (
-        o.view(num_kv_heads, rows, kv_group, head_dim).transpose(0, 1).reshape(rows, -1, head_dim)
-    )  # [rows, nq, hd]
+    q = _scaled_copy(q, scale).view(num_kv_heads * rows, kv_group, head_dim)
+    scores = torch.bmm(q, k.transpose(1, 2))  # [nkv * rows, nq/nkv, max_len]
+    scores.view(num_kv_heads, rows, kv_group, -1).add_(group.bias)
+    o = torch.bmm(scores.softmax(dim=-1), v)  # [nkv * rows, nq/nkv, hd]
+    o = o.view(num_kv_heads, rows, kv_group, head_dim).transpose(0, 1)  # [rows, nkv, g, hd]
+    if isinstance(group.tokens, slice):
+        out[group.tokens].view(rows, num_kv_heads, kv_group, head_dim).copy_(o)
+    else:
+        out[group.tokens] = o.reshape(rows, -1, head_dim)  # [rows, nq, hd]
 
 
-def _gather_head_major(cache: torch.Tensor, blocks: torch.Tensor, out: torch.Tensor) -> None:
+def _scaled_copy(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """A contiguous copy of x times scale: the query copy the matmul needs anyway.
+
+    Scaling the query instead of the scores lets the scores stay in the matmul's dtype up to
+    the softmax, which reads them in float32; the bias added before it is 0 or -inf, exact in
+    any dtype. With a power-of-two scale (head_dim 64, 256) the scores are bit for bit those
+    of scaling them afterwards.
+    """
+    return torch.mul(x, scale, out=torch.empty(x.shape, dtype=x.dtype, device=x.device))
+
+
+def _every_head(index: torch.Tensor, num_heads: int, head_stride: int) -> torch.Tensor:
+    """index [n] into one head's rows -> [num_heads * n] into all heads' rows, head-major."""
+    heads = torch.arange(num_heads, device=index.device)[:, None] * head_stride  # [nh, 1]
+    return (heads + index[None, :]).reshape(-1)
+
+
+def _gather_head_major(
+    cache: torch.Tensor, blocks: torch.Tensor, head_blocks: torch.Tensor, out: torch.Tensor
+) -> None:
     """cache [num_blocks, block_size, nkv, hd] -> out [nkv, len(blocks), block_size, hd]."""
     by_head = cache.permute(2, 0, 1, 3)  # [nkv, num_blocks, block_size, hd], a view
     if by_head.is_contiguous():  # kv_cache_zeros' CPU layout: whole blocks of one head
-        torch.index_select(by_head, 1, blocks, out=out)
+        # NOTE: along dim 0 of a contiguous tensor index_select is a parallel memcpy; along
+        # dim 1 of [nkv, ...] it runs on one thread.
+        flat = by_head.view(-1, *by_head.shape[2:])  # [nkv * num_blocks, block_size, hd]
+        torch.index_select(flat, 0, head_blocks, out=out.view(-1, *out.shape[2:]))
     else:
         for h in range(cache.shape[2]):
             torch.index_select(cache[:, :, h], 0, blocks, out=out[h])
@@ -208,27 +239,32 @@ def _prefill(
 ) -> None:
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     kv_group = query.shape[1] // num_kv_heads
-    k = _gather_slots(k_cache, row.slots)  # [nkv, seq_len, hd]
-    v = _gather_slots(v_cache, row.slots)
+    if row.head_slots is None:
+        row.head_slots = _every_head(row.slots, num_kv_heads, k_cache.shape[0] * k_cache.shape[1])
+    k = _gather_slots(k_cache, row.slots, row.head_slots)  # [nkv, seq_len, hd]
+    v = _gather_slots(v_cache, row.slots, row.head_slots)
     prefix = k.shape[1] - (row.end - row.start)  # cached tokens before this chunk
     for start in range(row.start, row.end, PREFILL_QUERY_CHUNK):
         end = min(start + PREFILL_QUERY_CHUNK, row.end)
         n, seen = end - start, prefix + end - row.start  # queries; keys they can see
         # [n, nq, hd] -> [nkv, nq/nkv * n, hd]
         q = query[start:end].view(n, num_kv_heads, kv_group, head_dim).permute(1, 2, 0, 3)
-        q = q.reshape(num_kv_heads, kv_group * n, head_dim)
-        scores = torch.bmm(q, k[:, :seen].transpose(1, 2)).float().mul_(scale)  # [nkv, g*n, seen]
+        q = _scaled_copy(q, scale).view(num_kv_heads, kv_group * n, head_dim)
+        scores = torch.bmm(q, k[:, :seen].transpose(1, 2))  # [nkv, g*n, seen]
         bias = row.bias[start - row.start : end - row.start, :seen]  # [n, seen]
         scores.view(num_kv_heads, kv_group, n, seen).add_(bias)
-        o = torch.bmm(scores.softmax(dim=-1).to(v.dtype), v[:, :seen])  # [nkv, g*n, hd]
-        out[start:end] = (
-            o.view(num_kv_heads, kv_group, n, head_dim).permute(2, 0, 1, 3).reshape(n, -1, head_dim)
+        o = torch.bmm(scores.softmax(dim=-1), v[:, :seen])  # [nkv, g*n, hd]
+        out[start:end].view(n, num_kv_heads, kv_group, head_dim).copy_(
+            o.view(num_kv_heads, kv_group, n, head_dim).permute(2, 0, 1, 3)
         )  # [n, nq, hd]
 
 
-def _gather_slots(cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+def _gather_slots(
+    cache: torch.Tensor, slots: torch.Tensor, head_slots: torch.Tensor
+) -> torch.Tensor:
     """cache [num_blocks, block_size, nkv, hd] -> [nkv, len(slots), hd]."""
     by_head = cache.permute(2, 0, 1, 3)  # [nkv, num_blocks, block_size, hd], a view
-    if by_head.is_contiguous():
-        return by_head.view(by_head.shape[0], -1, by_head.shape[3]).index_select(1, slots)
+    if by_head.is_contiguous():  # as in _gather_head_major: along dim 0, in parallel
+        flat = by_head.reshape(-1, by_head.shape[3])  # [nkv * num_blocks * block_size, hd]
+        return flat.index_select(0, head_slots).view(by_head.shape[0], -1, by_head.shape[3])
     return cache.view(-1, *cache.shape[2:]).index_select(0, slots).transpose(0, 1)
