@@ -86,8 +86,9 @@ def main() -> None:
 
     from scheduler_svc import LLM
 
+    # Prefix caching off: otherwise every repeat after the first reuses the last one's prefill.
     llm = LLM(dtype=args.dtype, max_num_seqs=64, max_model_len=512,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+              max_num_batched_tokens=args.max_num_batched_tokens, enable_prefix_caching=False)
     run_batchwire(llm, workload[:4])  # warm-up: first-call allocations, lazy inits
     sizes = [int(b) for b in args.hf_batch_sizes.split(",") if b]
     model = load_transformers(None, args.dtype) if sizes else None
