@@ -30,25 +30,17 @@ SERVER_OPTIONS = [
 ]
 
 
-# A call expected to hold the model for less than this runs on the event loop itself: the hop to
-# the model thread and back costs ~75 us, a quarter of a decode step's whole transport. Longer ones
-# (a prefill) run on the model thread so that health checks are answered meanwhile.
-ON_LOOP_MAX_S = 0.05
 
 
 def _unary(servicer: WorkerServicer, method: str, model_thread: Executor):
     async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
             parsed = servicer.parse(method, request)
-            reply = None
-            if servicer.expected_seconds(method, parsed) < ON_LOOP_MAX_S:
-                # Only when no call is in progress: the loop never waits for the model's lock.
-                reply = servicer.run(method, parsed, wait=False)
-            if reply is None:
-                loop = asyncio.get_running_loop()
-                reply = await loop.run_in_executor(model_thread, servicer.run, method, parsed)
-            assert reply is not None  # run() waits for the lock on the model thread
-            return reply
+            # NOTE: every call runs on the model thread, the one that loaded the model, even a
+            # short one the event loop could run for less than the ~75 us hop: torch work split
+            # over two threads' OpenMP teams made W64's steps ~25% slower on 2 cores.
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(model_thread, servicer.run, method, parsed)
         except WorkerCallError as e:
             await context.abort(e.code, e.message)
             raise AssertionError("unreachable: abort raises") from e

@@ -99,7 +99,7 @@ async def serve(
         servicer.worker = load.result()
         zmq_port = 0
         if options.zmq:
-            zmq_server = ZmqWorkerServer(servicer, options.host, options.zmq_port)
+            zmq_server = ZmqWorkerServer(servicer, options.host, options.zmq_port, model_thread)
             zmq_port = zmq_server.start()
         await grpc_server.set_serving(True)
         logger.info("rank %d: SERVING, gRPC %d, ZMQ %d", config.rank, grpc_port, zmq_port)

@@ -57,7 +57,6 @@ class WorkerServicer:
         self.metrics = metrics
         self._lock = threading.Lock()
         self._parked = False  # ExecuteModel left logits for SampleTokens
-        self._seconds_per_token: float | None = None  # of recent forward passes
         # Wire method -> (request type, handler taking the parsed request, returning a message).
         self.methods: dict[str, tuple[type[Message], Callable[[Any], Message]]] = {
             "GetInfo": (worker_pb2.GetInfoRequest, self._get_info),
@@ -69,9 +68,7 @@ class WorkerServicer:
 
     def call(self, method: str, payload: bytes) -> bytes:
         """Runs one call; raises WorkerCallError with the client's status code on any failure."""
-        reply = self.run(method, self.parse(method, payload))
-        assert reply is not None
-        return reply
+        return self.run(method, self.parse(method, payload))
 
     def parse(self, method: str, payload: bytes) -> Message:
         entry = self.methods.get(method)
@@ -86,13 +83,11 @@ class WorkerServicer:
                 f"{method}: {len(payload)} bytes are not a valid {request_type.__name__}: {e}",
             ) from e
 
-    def run(self, method: str, request: Message, wait: bool = True) -> bytes | None:
-        """Runs a parsed call. With wait=False, returns None at once instead of waiting for
-        a call in progress."""
+    def run(self, method: str, request: Message) -> bytes:
+        """Runs a parsed call, after any call in progress."""
         if self.worker is None:
             raise WorkerCallError(grpc.StatusCode.UNAVAILABLE, "the model is still loading")
-        if not self._lock.acquire(blocking=wait):
-            return None
+        self._lock.acquire()
         start = time.perf_counter()
         ok = False
         try:
@@ -111,15 +106,6 @@ class WorkerServicer:
             if self.metrics is not None:
                 self.metrics.observe(method, time.perf_counter() - start, request, ok)
 
-    def expected_seconds(self, method: str, request: Message) -> float:
-        """How long the call will likely hold the model, from the steps seen so far; a forward
-        pass of a kind not yet seen counts as long."""
-        if method != "ExecuteModel":
-            return 0.0
-        if self._seconds_per_token is None:
-            return float("inf")
-        return self._seconds_per_token * request.total_num_scheduled_tokens  # type: ignore[attr-defined]
-
     # -- handlers, called under the lock --------------------------------------------------------
 
     def _get_info(self, _: worker_pb2.GetInfoRequest) -> worker_pb2.WorkerInfo:
@@ -132,14 +118,7 @@ class WorkerServicer:
                 f"ExecuteModel(step_id={so.step_id}) before SampleTokens: the previous step's "
                 "logits are still parked",
             )
-        start = time.perf_counter()
         output = self.worker.execute_model(so)
-        if so.total_num_scheduled_tokens:
-            per_token = (time.perf_counter() - start) / so.total_num_scheduled_tokens
-            last = self._seconds_per_token
-            # The larger of the new figure and a decayed old one: quick to learn that steps got
-            # slow, slow to forget it.
-            self._seconds_per_token = per_token if last is None else max(per_token, 0.9 * last)
         if output is None:
             self._parked = True
             return worker_pb2.ExecuteModelResponse()
