@@ -46,7 +46,7 @@ def validate_scheduler_output(
         if new.req_id in requests and new.req_id not in finished:
             raise InvalidStepError(f"{where} is already running on this worker")
         n_prompt, n_output = len(new.prompt_token_ids), len(new.output_token_ids)
-        if not 0 < n_prompt + n_output < limits.max_model_len or not n_prompt:
+        if not n_prompt or n_prompt + n_output >= limits.max_model_len:
             raise InvalidStepError(
                 f"{where}: prompt length {n_prompt} plus output length {n_output} must be in "
                 f"[1, max_model_len={limits.max_model_len}), with a prompt"
