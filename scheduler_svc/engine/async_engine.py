@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from scheduler_svc.core.errors import RequestIdInUseError
@@ -189,8 +190,7 @@ class AsyncEngine:
             # The caller went away while waiting: abort the request if it gets admitted, forget
             # the stream if it does not (then no output will ever come for it).
             stream.close()
-            command.admitted.add_done_callback(
-                lambda f: f.exception() is not None and self._call_soon(self._forget, stream))
+            command.admitted.add_done_callback(lambda f: self._forget_if_refused(f, stream))
             raise
         except BaseException:
             stream.finished = True
@@ -211,6 +211,10 @@ class AsyncEngine:
         last output for it arrives (or its admission is refused)."""
         command = AbortRequests([stream.request_id])
         self._send(command)
+
+    def _forget_if_refused(self, admitted: Future, stream: RequestStream) -> None:
+        if admitted.exception() is not None:  # on the engine thread: hand over to the loop
+            self._call_soon(self._forget, stream)
 
     def _forget(self, stream: RequestStream) -> None:
         if self._streams.get(stream.request_id) is stream:
