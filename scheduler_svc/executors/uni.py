@@ -3,6 +3,7 @@ scheduler_svc that imports worker_svc (and so torch), and only when it builds th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -26,6 +27,11 @@ class UniProcExecutor(Executor):
 
             worker = Worker(config.worker_config())
         self.worker = worker
+
+    @classmethod
+    def connect(cls, config: SchedulerConfig, addresses: Sequence[str]) -> Executor:
+        raise ValueError("the uni executor runs its worker in this process: it dials no address "
+                         f"(asked for {list(addresses)}); use the zmq or grpc executor")
 
     def collective_rpc(
         self,

@@ -7,12 +7,8 @@ from typing import NoReturn
 
 import grpc
 
-from scheduler_svc.core.errors import InvalidRequestError, QueueFullError
-from scheduler_svc.engine.async_engine import (
-    EngineDeadError,
-    NotAdmittingError,
-    RequestIdInUseError,
-)
+from scheduler_svc.core.errors import InvalidRequestError, QueueFullError, RequestIdInUseError
+from scheduler_svc.engine.async_engine import EngineDeadError, NotAdmittingError
 from scheduler_svc.executors.errors import WorkerUnavailableError
 
 logger = logging.getLogger(__name__)
