@@ -21,6 +21,7 @@ from typing import Any
 from batchwire.v1 import worker_pb2
 
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.bad_words import bad_words_token_ids
 from scheduler_svc.core.detokenizer import IncrementalDetokenizer
 from scheduler_svc.core.errors import InvalidRequestError, QueueFullError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
@@ -115,6 +116,8 @@ class Scheduler:
         validate_prompt([*prompt_token_ids, *output_token_ids] if output_token_ids
                         else prompt_token_ids, self.vocab_size, self.max_model_len)
         sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)
+        sampling_params.bad_words_token_ids = bad_words_token_ids(self.tokenizer,
+                                                                  sampling_params.bad_words)
         if sampling_params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer, this engine has none")
         if sampling_params.constraint is not None and grammar is None:

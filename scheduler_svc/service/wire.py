@@ -22,7 +22,7 @@ _SCALAR_FIELDS = (
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
     "include_stop_str_in_output", "skip_special_tokens",
 )
-_LIST_FIELDS = ("stop", "stop_token_ids")
+_LIST_FIELDS = ("stop", "stop_token_ids", "bad_words")
 _PROMPT_FIELDS = ("text", "token_ids", "messages")
 MAX_REQUEST_ID_CHARS = 256
 
@@ -37,6 +37,10 @@ def invalid(field: str, engine_error: InvalidRequestError) -> InvalidRequestErro
 def sampling_params(msg: generate_pb2.SamplingParams) -> SamplingParams:
     kwargs: dict[str, Any] = {f: getattr(msg, f) for f in _SCALAR_FIELDS if msg.HasField(f)}
     kwargs.update({f: list(getattr(msg, f)) for f in _LIST_FIELDS})
+    if msg.logit_bias:
+        kwargs["logit_bias"] = dict(msg.logit_bias)
+    if msg.allowed_token_ids:  # empty is unset on the wire
+        kwargs["allowed_token_ids"] = list(msg.allowed_token_ids)
     kind = msg.WhichOneof("constraint")
     if kind == "choice":
         kwargs[kind] = list(msg.choice.choices)

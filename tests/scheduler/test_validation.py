@@ -40,6 +40,12 @@ PARAM_CASES = [
     ("temperature", "hot"),
     ("stop", [3]),
     ("stop_token_ids", ["x"]),
+    ("logit_bias", {"5": 1.0}),
+    ("logit_bias", {5: math.nan}),
+    ("logit_bias", {5: "high"}),
+    ("allowed_token_ids", [1.5]),
+    ("bad_words", [""]),
+    ("bad_words", [7]),
 ]
 
 
@@ -59,6 +65,14 @@ def test_boundary_values_are_accepted(field, value):
     SamplingParams(**{field: value})
 
 
+def test_empty_allowed_list_is_refused_and_biases_are_clamped():
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(allowed_token_ids=[])
+    assert e.value.field == "allowed_token_ids"
+    assert SamplingParams(logit_bias={3: 250, 4: -1e9, 5: 0.5}).logit_bias == {
+        3: 100.0, 4: -100.0, 5: 0.5}
+
+
 REQUEST_CASES = [
     # (field, prompt, sampling kwargs)
     ("prompt", [], {}),
@@ -69,6 +83,9 @@ REQUEST_CASES = [
     ("logprobs", [5], {"logprobs": 21}),
     ("stop_token_ids", [5], {"stop_token_ids": [VOCAB]}),
     ("stop", [5], {"stop": ["x"]}),  # no tokenizer to find it with
+    ("logit_bias", [5], {"logit_bias": {VOCAB: 1.0}}),
+    ("allowed_token_ids", [5], {"allowed_token_ids": [7, VOCAB]}),
+    ("bad_words", [5], {"bad_words": ["x"]}),  # no tokenizer to spell it with
 ]
 
 
