@@ -14,7 +14,7 @@ from scheduler_svc.core.structured_output.constraint import Constraint, constrai
 __all__ = ["InvalidRequestError", "SamplingParams", "validate_prompt"]
 
 _INT32_MAX = 2**31 - 1  # the wire's int32 fields
-_INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs")
+_INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "truncate_prompt_tokens")
 
 
 @dataclasses.dataclass(slots=True)
@@ -45,6 +45,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> bias, clamped to [-100, 100]
     allowed_token_ids: list[int] | None = None  # None = every token; else only these, never none
     bad_words: list[str] = dataclasses.field(default_factory=list)  # their token sequences banned
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens; None = all
     # The banned sequences, filled at admission by the scheduler, which has the tokenizer.
     bad_words_token_ids: list[list[int]] = dataclasses.field(init=False, default_factory=list,
                                                              repr=False)
@@ -99,6 +100,8 @@ class SamplingParams:
                 _refuse(name, value, "must be in [-2, 2]")
         if not self.repetition_penalty > 0:
             _refuse("repetition_penalty", self.repetition_penalty, "must be > 0")
+        if self.truncate_prompt_tokens is not None and not 1 <= self.truncate_prompt_tokens:
+            _refuse("truncate_prompt_tokens", self.truncate_prompt_tokens, "must be >= 1")
         if self.logprobs is not None and self.logprobs < 0:
             _refuse("logprobs", self.logprobs, "must be >= 0")
         for s in self.stop:
@@ -179,6 +182,18 @@ class SamplingParams:
             else:
                 setattr(msg, c.kind, c.text)
         return msg
+
+
+def truncate_prompt(prompt_token_ids: Sequence[int], params: SamplingParams,
+                    max_model_len: int) -> list[int]:
+    """The prompt's last truncate_prompt_tokens tokens (all of it when unset or shorter)."""
+    k = params.truncate_prompt_tokens
+    if k is None:
+        return list(prompt_token_ids)
+    if k >= max_model_len:
+        _refuse("truncate_prompt_tokens", k, f"must be < max_model_len ({max_model_len}) to "
+                "leave room for output")
+    return list(prompt_token_ids[-k:])
 
 
 def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_len: int) -> None:

@@ -28,7 +28,7 @@ from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.outputs import EngineCoreOutput, TokenLogprobs
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.request_queue import make_queue
-from scheduler_svc.core.sampling_params import SamplingParams, validate_prompt
+from scheduler_svc.core.sampling_params import SamplingParams, truncate_prompt, validate_prompt
 from scheduler_svc.core.stop_checker import check_stop
 from scheduler_svc.core.structured_output import RequestGrammar, build_grammar_output, compiler_for
 
@@ -113,6 +113,7 @@ class Scheduler:
         (recomputed after the prompt; they count towards max_tokens and the penalties), its
         `detokenizer` (with any text held back for stop strings) and its `grammar` matcher,
         already past that output."""
+        prompt_token_ids = truncate_prompt(prompt_token_ids, sampling_params, self.max_model_len)
         validate_prompt([*prompt_token_ids, *output_token_ids] if output_token_ids
                         else prompt_token_ids, self.vocab_size, self.max_model_len)
         sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)

@@ -46,6 +46,8 @@ PARAM_CASES = [
     ("allowed_token_ids", [1.5]),
     ("bad_words", [""]),
     ("bad_words", [7]),
+    ("truncate_prompt_tokens", 0),
+    ("truncate_prompt_tokens", 2.5),
 ]
 
 
@@ -86,7 +88,16 @@ REQUEST_CASES = [
     ("logit_bias", [5], {"logit_bias": {VOCAB: 1.0}}),
     ("allowed_token_ids", [5], {"allowed_token_ids": [7, VOCAB]}),
     ("bad_words", [5], {"bad_words": ["x"]}),  # no tokenizer to spell it with
+    ("truncate_prompt_tokens", make_prompt(70), {"truncate_prompt_tokens": 64}),
 ]
+
+
+def test_truncation_keeps_the_last_tokens_and_rescues_a_long_prompt():
+    s = make_scheduler(vocab_size=VOCAB, max_model_len=64, max_num_batched_tokens=64)
+    request = s.add_request(make_prompt(70), SamplingParams(truncate_prompt_tokens=10))
+    assert request.prompt_token_ids == make_prompt(70)[-10:] and request.num_prompt_tokens == 10
+    short = s.add_request(make_prompt(5), SamplingParams(truncate_prompt_tokens=10))
+    assert short.prompt_token_ids == make_prompt(5)
 
 
 @pytest.mark.parametrize("field, prompt, kwargs", REQUEST_CASES)
