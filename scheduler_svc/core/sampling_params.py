@@ -14,7 +14,8 @@ from scheduler_svc.core.structured_output.constraint import Constraint, constrai
 __all__ = ["InvalidRequestError", "SamplingParams", "validate_prompt"]
 
 _INT32_MAX = 2**31 - 1  # the wire's int32 fields
-_INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "truncate_prompt_tokens")
+_INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "truncate_prompt_tokens",
+               "n")
 
 
 @dataclasses.dataclass(slots=True)
@@ -45,6 +46,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> bias, clamped to [-100, 100]
     allowed_token_ids: list[int] | None = None  # None = every token; else only these, never none
     bad_words: list[str] = dataclasses.field(default_factory=list)  # their token sequences banned
+    n: int = 1  # sequences sampled from the prompt; the service fans them out, n = 1 each
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens; None = all
     # The banned sequences, filled at admission by the scheduler, which has the tokenizer.
     bad_words_token_ids: list[list[int]] = dataclasses.field(init=False, default_factory=list,
@@ -100,6 +102,8 @@ class SamplingParams:
                 _refuse(name, value, "must be in [-2, 2]")
         if not self.repetition_penalty > 0:
             _refuse("repetition_penalty", self.repetition_penalty, "must be > 0")
+        if self.n < 1:
+            _refuse("n", self.n, "must be >= 1")
         if self.truncate_prompt_tokens is not None and not 1 <= self.truncate_prompt_tokens:
             _refuse("truncate_prompt_tokens", self.truncate_prompt_tokens, "must be >= 1")
         if self.logprobs is not None and self.logprobs < 0:

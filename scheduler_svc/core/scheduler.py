@@ -117,6 +117,9 @@ class Scheduler:
         validate_prompt([*prompt_token_ids, *output_token_ids] if output_token_ids
                         else prompt_token_ids, self.vocab_size, self.max_model_len)
         sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)
+        if sampling_params.n != 1:
+            raise InvalidRequestError("n", f"{sampling_params.n}: a scheduler runs one sequence "
+                                           "per request; fan n out with parallel_sampling")
         sampling_params.bad_words_token_ids = bad_words_token_ids(self.tokenizer,
                                                                   sampling_params.bad_words)
         if sampling_params.stop and self.tokenizer is None:

@@ -20,7 +20,7 @@ from scheduler_svc.core.structured_output import compiler_for
 _SCALAR_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "ignore_eos",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
-    "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens",
+    "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "n",
 )
 _LIST_FIELDS = ("stop", "stop_token_ids", "bad_words")
 _PROMPT_FIELDS = ("text", "token_ids", "messages")

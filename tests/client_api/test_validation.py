@@ -50,6 +50,8 @@ CASES = [
      "sampling.truncate_prompt_tokens"),
     ("truncate>=max_model_len", R(token_ids=[100] * 300, sampling=S(truncate_prompt_tokens=256)),
      "sampling.truncate_prompt_tokens"),
+    ("n=0", text_request("Hi", S(n=0)), "sampling.n"),
+    ("n>max_n", text_request("Hi", S(n=17)), "sampling.n"),
     ("no prompt", R(sampling=S(max_tokens=2)), "prompt"),
     ("two prompts", R(text="Hi", token_ids=[1, 2]), "prompt"),
     ("empty text", R(text=""), "text"),
