@@ -72,6 +72,14 @@ def validate_scheduler_output(
                 f"{where}: logprobs={new.sampling.logprobs} outside [0, {limits.max_logprobs}]"
             )
         _check_shaping(new.sampling, limits.vocab_size, where)
+        if (
+            new.sampling.HasField("prompt_logprobs")
+            and not 0 <= new.sampling.prompt_logprobs <= limits.max_logprobs
+        ):
+            raise InvalidStepError(
+                f"{where}: prompt_logprobs={new.sampling.prompt_logprobs} outside "
+                f"[0, {limits.max_logprobs}]"
+            )
         total += new.num_scheduled_tokens
 
     cached = so.scheduled_cached_reqs

@@ -24,9 +24,11 @@ def child_seed(seed: int, index: int) -> int:
 
 
 def child_params(params: SamplingParams, index: int) -> SamplingParams:
-    """Sequence `index`'s parameters: one sequence, its own seed."""
+    """Sequence `index`'s parameters: one sequence, its own seed. Prompt logprobs are asked of
+    sequence 0 only: the others then hit the prompt blocks it caches instead of recomputing."""
     seed = None if params.seed is None else child_seed(params.seed, index)
-    return dataclasses.replace(params, n=1, seed=seed)
+    prompt_logprobs = params.prompt_logprobs if index == 0 else None
+    return dataclasses.replace(params, n=1, seed=seed, prompt_logprobs=prompt_logprobs)
 
 
 def child_request_id(request_id: str, index: int) -> str:

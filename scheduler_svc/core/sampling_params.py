@@ -15,7 +15,7 @@ __all__ = ["InvalidRequestError", "SamplingParams", "validate_prompt"]
 
 _INT32_MAX = 2**31 - 1  # the wire's int32 fields
 _INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "truncate_prompt_tokens",
-               "n")
+               "n", "prompt_logprobs")
 
 
 @dataclasses.dataclass(slots=True)
@@ -46,6 +46,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None  # token id -> bias, clamped to [-100, 100]
     allowed_token_ids: list[int] | None = None  # None = every token; else only these, never none
     bad_words: list[str] = dataclasses.field(default_factory=list)  # their token sequences banned
+    prompt_logprobs: int | None = None  # top-k logprobs of each prompt token after the first
     n: int = 1  # sequences sampled from the prompt; the service fans them out, n = 1 each
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens; None = all
     # The banned sequences, filled at admission by the scheduler, which has the tokenizer.
@@ -102,6 +103,8 @@ class SamplingParams:
                 _refuse(name, value, "must be in [-2, 2]")
         if not self.repetition_penalty > 0:
             _refuse("repetition_penalty", self.repetition_penalty, "must be > 0")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            _refuse("prompt_logprobs", self.prompt_logprobs, "must be >= 0")
         if self.n < 1:
             _refuse("n", self.n, "must be >= 1")
         if self.truncate_prompt_tokens is not None and not 1 <= self.truncate_prompt_tokens:
@@ -143,6 +146,9 @@ class SamplingParams:
         if self.logprobs is not None and self.logprobs > max_logprobs:
             _refuse("logprobs", self.logprobs, f"must be <= the configured max_logprobs "
                     f"({max_logprobs})")
+        if self.prompt_logprobs is not None and self.prompt_logprobs > max_logprobs:
+            _refuse("prompt_logprobs", self.prompt_logprobs, f"must be <= the configured "
+                    f"max_logprobs ({max_logprobs})")
         for t in self.stop_token_ids:
             if not 0 <= t < vocab_size:
                 _refuse("stop_token_ids", t, f"is outside the vocabulary [0, {vocab_size})")
@@ -171,6 +177,8 @@ class SamplingParams:
             msg.seed = self.seed
         if self.logprobs is not None:
             msg.logprobs = self.logprobs
+        if self.prompt_logprobs is not None:
+            msg.prompt_logprobs = self.prompt_logprobs
         if self.logit_bias:
             msg.logit_bias.update(self.logit_bias)
         if self.allowed_token_ids:

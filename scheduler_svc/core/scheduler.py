@@ -26,6 +26,7 @@ from scheduler_svc.core.detokenizer import IncrementalDetokenizer
 from scheduler_svc.core.errors import InvalidRequestError, QueueFullError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.outputs import EngineCoreOutput, TokenLogprobs
+from scheduler_svc.core.prompt_logprobs import collect_prompt_logprobs
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.request_queue import make_queue
 from scheduler_svc.core.sampling_params import SamplingParams, truncate_prompt, validate_prompt
@@ -283,8 +284,11 @@ class Scheduler:
         stopped: set[Request] = set()
         all_logprobs = model_output.logprobs
         requests = self.requests
+        prompt_logprobs = model_output.prompt_logprobs
         for index, (req_id, sampled) in enumerate(
                 zip(model_output.req_ids, model_output.sampled_token_ids, strict=True)):
+            if prompt_logprobs and prompt_logprobs[index].positions:
+                collect_prompt_logprobs(requests.get(req_id), prompt_logprobs[index])
             new_ids = list(sampled.ids)
             if not new_ids:
                 continue  # still mid-prefill
@@ -325,6 +329,8 @@ class Scheduler:
                 outputs.append(EngineCoreOutput(request.request_id, new_ids, text, False, None,
                                                 None, num_prompt, len(tokens) - num_prompt,
                                                 logprobs))
+            if request.prompt_logprobs is not None:
+                outputs[-1].prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
         if stopped:
             self.running = [r for r in self.running if r not in stopped]
         return outputs
@@ -340,6 +346,8 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        if request.prompt_logprobs:
+            request.prompt_logprobs = []  # its prompt is computed again, from the start
         request.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.prepend(request)

@@ -92,6 +92,8 @@ def _accumulate(result: RequestOutput, out: EngineCoreOutput) -> bool:
     """Adds a step's delta to the request's result; True when the request finished."""
     result.token_ids.extend(out.new_token_ids)
     result.text += out.new_text
+    if out.prompt_logprobs is not None:
+        result.prompt_logprobs = out.prompt_logprobs
     if out.new_logprobs:
         result.logprobs = (result.logprobs or []) + out.new_logprobs
     if out.finished:

@@ -21,6 +21,7 @@ _SCALAR_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "ignore_eos",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
     "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "n",
+    "prompt_logprobs",
 )
 _LIST_FIELDS = ("stop", "stop_token_ids", "bad_words")
 _PROMPT_FIELDS = ("text", "token_ids", "messages")
@@ -133,6 +134,11 @@ def compile_constraint(params: SamplingParams, tokenizer: Any, vocab_size: int) 
 def response(request_id: str, out: EngineCoreOutput) -> generate_pb2.GenerateResponse:
     msg = generate_pb2.GenerateResponse(request_id=request_id, token_ids=out.new_token_ids,
                                         text=out.new_text)
+    for lp in out.prompt_logprobs or ():
+        entry = msg.prompt_logprobs.add(token_id=lp.token_ids[0], logprob=lp.logprobs[0],
+                                        rank=lp.sampled_token_rank)
+        for token_id, logprob in zip(lp.token_ids[1:], lp.logprobs[1:], strict=True):
+            entry.top_logprobs.add(token_id=token_id, logprob=logprob)
     for lp in out.new_logprobs or ():
         entry = msg.logprobs.add(token_id=lp.token_ids[0], logprob=lp.logprobs[0],
                                  rank=lp.sampled_token_rank)
