@@ -43,10 +43,11 @@ class SchedulerConfig:
     max_model_len: int = 2048  # prompt + output; the worker's own limit may lower it
     max_queued_requests: int = 10_000  # waiting requests beyond this are refused at admission
     max_logprobs: int = 20  # the most top-n logprobs a request may ask for
+    max_n: int = 16  # the most sequences one client request may sample (n)
 
     def __post_init__(self) -> None:
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
-                    "max_queued_requests", "kv_cache_memory_bytes")
+                    "max_queued_requests", "kv_cache_memory_bytes", "max_n")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

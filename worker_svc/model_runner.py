@@ -22,6 +22,7 @@ from kernels import AttentionMetadata
 from worker_svc.forward_context import set_forward_context
 from worker_svc.input_batch import CachedRequestState, InputBatch
 from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.prompt_logprobs import attach_prompt_logprobs, compute_prompt_logprobs
 from worker_svc.sampler import Sampler, SamplerOutput
 from worker_svc.validation import (
     InvalidStepError,
@@ -38,6 +39,7 @@ class ExecuteModelState:
     scheduler_output: worker_pb2.SchedulerOutput
     logits: torch.Tensor  # [num_reqs, vocab] float32, one row per request in batch order
     discard: np.ndarray  # [num_reqs] bool: rows still mid-prefill, whose samples are dropped
+    prompt_logprobs: dict[int, worker_pb2.PromptLogprobs]  # row -> this step's prompt positions
 
 
 class ModelRunner:
@@ -59,6 +61,7 @@ class ModelRunner:
         shared_generator.manual_seed(config.seed)
         self.sampler = Sampler(shared_generator)  # for requests that bring no seed
         self.execute_model_state: ExecuteModelState | None = None
+        self.prompt_logprobs_reqs: set[str] = set()  # held requests that asked for them
         # Buffers sized once for the largest step; each step overwrites a prefix.
         max_tokens, max_reqs = config.max_num_batched_tokens, config.max_num_reqs
         self.arange_np = np.arange(max(max_tokens, max_reqs) + 1, dtype=np.int64)
@@ -84,7 +87,15 @@ class ModelRunner:
                 self._on_device(self.positions[:num_tokens]),
             )
             logits = self.model.compute_logits(hidden[logits_indices])  # [num_reqs, vocab]
-        self.execute_model_state = ExecuteModelState(so, logits, discard)
+            prompt_logprobs = {}
+            if self.prompt_logprobs_reqs:
+                batch = self.input_batch
+                prompt_logprobs = compute_prompt_logprobs(
+                    hidden, self.model.compute_logits, batch.states[: batch.num_reqs],
+                    batch.num_computed_tokens_np[: batch.num_reqs],
+                    self._num_scheduled_per_row(so),
+                )  # fmt: skip
+        self.execute_model_state = ExecuteModelState(so, logits, discard, prompt_logprobs)
         return None
 
     def sample_tokens(
@@ -117,13 +128,16 @@ class ModelRunner:
             sampled = self.sampler(logits, metadata)
             for row, generator_state in rewind.items():
                 metadata.generators[row].set_state(generator_state)
-        return self._record_sampled(sampled, state.discard)
+        out = self._record_sampled(sampled, state.discard)
+        attach_prompt_logprobs(out, state.prompt_logprobs)
+        return out
 
     def reset(self) -> None:
         """Forgets every request and any parked step."""
         for req_id in list(self.requests):
             self.input_batch.remove_request(req_id)
         self.requests.clear()
+        self.prompt_logprobs_reqs.clear()
         self.input_batch.condense()
         self.execute_model_state = None
 
@@ -133,6 +147,7 @@ class ModelRunner:
         # Finished requests leave for good: the runner's record and the batch row.
         for req_id in so.finished_req_ids:
             self.requests.pop(req_id, None)
+            self.prompt_logprobs_reqs.discard(req_id)
             batch.remove_request(req_id)
 
         # Held but not scheduled this step (preempted, or skipped): leave the batch, keep the state.
@@ -156,6 +171,8 @@ class ModelRunner:
                 output_token_ids=list(new.output_token_ids),
             )
             self.requests[new.req_id] = state
+            if new.sampling.HasField("prompt_logprobs"):
+                self.prompt_logprobs_reqs.add(new.req_id)
             to_add.append(state)
 
         # The common path, a running request decoding on: two writes into its existing row.

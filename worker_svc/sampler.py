@@ -7,6 +7,7 @@ import itertools
 
 import torch
 
+from worker_svc.logits_processors import apply_logit_shaping
 from worker_svc.sampling_metadata import GREEDY_EPS, SamplingMetadata
 
 # Largest logits a top-p row looks at first; a flatter row retries with TOP_P_WIDEN times as many.
@@ -28,7 +29,8 @@ class SamplerOutput:
 
 
 class Sampler:
-    """min_tokens -> penalties -> greedy argmax, or temperature -> top-k/top-p -> min-p -> draw.
+    """Logit shaping -> min_tokens -> penalties -> greedy argmax, or temperature -> top-k/top-p
+    -> min-p -> draw.
 
     Logprobs, when a row asks, are log_softmax of the logits as passed in (the raw model
     logits, after the caller's grammar mask), i.e. before penalties and temperature, as in
@@ -45,6 +47,8 @@ class Sampler:
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)  # [num_reqs, vocab]
 
+        if metadata.shaping is not None:
+            apply_logit_shaping(logits, metadata.shaping, metadata.output_token_ids)
         apply_min_tokens(logits, metadata)
         if not metadata.no_penalties:
             apply_penalties(logits, metadata)

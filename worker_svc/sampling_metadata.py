@@ -9,6 +9,8 @@ from typing import Protocol
 import torch
 from google.protobuf.message import Message
 
+from worker_svc.logits_processors import LogitShaping, ShapingParamsLike, build_logit_shaping
+
 # Temperatures below this are greedy; dividing by them would overflow float32 logits.
 GREEDY_EPS = 1e-5
 
@@ -36,9 +38,10 @@ class SamplingMetadata:
     # row -> (min_tokens, ids masked while len(output) < min_tokens)
     min_tokens: dict[int, tuple[int, list[int]]]
     max_num_logprobs: int | None  # the largest top-n any row asked for; None = no row asked
+    shaping: LogitShaping | None = None  # bias, allowed set, banned words; None = no row asks
 
 
-class SamplingParamsLike(Protocol):
+class SamplingParamsLike(ShapingParamsLike, Protocol):
     """The fields of batchwire.v1.RequestSamplingParams; the protobuf message itself fits."""
 
     temperature: float
@@ -124,4 +127,5 @@ def build_sampling_metadata(
         output_token_ids=output_token_ids,
         min_tokens=min_tokens,
         max_num_logprobs=max(asked) if asked else None,
+        shaping=build_logit_shaping(params, vocab_size, device),
     )

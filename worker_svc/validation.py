@@ -71,6 +71,15 @@ def validate_scheduler_output(
             raise InvalidStepError(
                 f"{where}: logprobs={new.sampling.logprobs} outside [0, {limits.max_logprobs}]"
             )
+        _check_shaping(new.sampling, limits.vocab_size, where)
+        if (
+            new.sampling.HasField("prompt_logprobs")
+            and not 0 <= new.sampling.prompt_logprobs <= limits.max_logprobs
+        ):
+            raise InvalidStepError(
+                f"{where}: prompt_logprobs={new.sampling.prompt_logprobs} outside "
+                f"[0, {limits.max_logprobs}]"
+            )
         total += new.num_scheduled_tokens
 
     cached = so.scheduled_cached_reqs
@@ -154,6 +163,18 @@ def _check_tokens(token_ids: Sequence[int], vocab_size: int, where: str) -> None
         raise InvalidStepError(
             f"{where}: token id {bad[0]} outside the vocabulary [0, {vocab_size})"
         )
+
+
+def _check_shaping(
+    sampling: worker_pb2.RequestSamplingParams, vocab_size: int, where: str
+) -> None:
+    """Logit shaping indexes the logits by these ids: one outside the vocabulary is refused."""
+    _check_tokens(list(sampling.logit_bias), vocab_size, f"{where} logit_bias")
+    _check_tokens(sampling.allowed_token_ids, vocab_size, f"{where} allowed_token_ids")
+    for word in sampling.bad_words:
+        if not word.ids:
+            raise InvalidStepError(f"{where} bad_words: an empty token sequence")
+        _check_tokens(word.ids, vocab_size, f"{where} bad_words")
 
 
 def _check_blocks(block_ids: Sequence[int], limits: StepLimits, where: str) -> None:

@@ -76,6 +76,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
             "waiting requests beyond this are refused with RESOURCE_EXHAUSTED", type=int)
     _option(g, "--max-logprobs", _DEFAULTS["max_logprobs"],
             "most top-n logprobs a request may ask for", type=int)
+    _option(g, "--max-n", _DEFAULTS["max_n"], "most sequences one request may sample (n)",
+            type=int)
     _option(g, "--long-prefill-token-threshold", _DEFAULTS["long_prefill_token_threshold"],
             "cut prefills into chunks of at most this many tokens (0 = the step's budget)",
             type=int)
@@ -138,6 +140,7 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         block_size=args.block_size, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_queued_requests=args.max_queued_requests, max_logprobs=args.max_logprobs,
+        max_n=args.max_n,
         long_prefill_token_threshold=args.long_prefill_token_threshold, policy=args.policy,
         seed=args.seed, enable_prefix_caching=not args.no_prefix_caching,
         enable_chunked_prefill=not args.no_chunked_prefill, **extra)

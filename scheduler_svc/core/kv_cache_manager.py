@@ -53,8 +53,8 @@ class KVCacheManager:
         The hit stops one token short of the whole sequence: the last token must be computed to
         produce the logits of the next one.
         """
-        if not self.enable_prefix_caching:
-            return [], 0
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
+            return [], 0  # prompt logprobs need every prompt position computed
         max_blocks = (request.num_tokens - 1) // self.block_size
         self._extend_hashes(request, max_blocks)
         hits = []

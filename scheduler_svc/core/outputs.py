@@ -26,6 +26,8 @@ class EngineCoreOutput:
     num_output_tokens: int = 0
     new_logprobs: list[TokenLogprobs] | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    # On a request's first output when it asked: one per prompt token after the first.
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -40,6 +42,7 @@ class RequestOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprobs] | None = None
+    prompt_logprobs: list[TokenLogprobs] | None = None
 
     @property
     def finished(self) -> bool:

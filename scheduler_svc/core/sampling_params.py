@@ -14,7 +14,8 @@ from scheduler_svc.core.structured_output.constraint import Constraint, constrai
 __all__ = ["InvalidRequestError", "SamplingParams", "validate_prompt"]
 
 _INT32_MAX = 2**31 - 1  # the wire's int32 fields
-_INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs")
+_INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "truncate_prompt_tokens",
+               "n", "prompt_logprobs")
 
 
 @dataclasses.dataclass(slots=True)
@@ -41,6 +42,16 @@ class SamplingParams:
     regex: str | None = None  # the whole output matches it
     choice: list[str] | None = None  # the output is exactly one of these
     grammar: str | None = None  # EBNF, start rule `root`
+    # Logit shaping, applied by the worker before penalties and sampling.
+    logit_bias: dict[int, float] | None = None  # token id -> bias, clamped to [-100, 100]
+    allowed_token_ids: list[int] | None = None  # None = every token; else only these, never none
+    bad_words: list[str] = dataclasses.field(default_factory=list)  # their token sequences banned
+    prompt_logprobs: int | None = None  # top-k logprobs of each prompt token after the first
+    n: int = 1  # sequences sampled from the prompt; the service fans them out, n = 1 each
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens; None = all
+    # The banned sequences, filled at admission by the scheduler, which has the tokenizer.
+    bad_words_token_ids: list[list[int]] = dataclasses.field(init=False, default_factory=list,
+                                                             repr=False)
     constraint: Constraint | None = dataclasses.field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -49,7 +60,9 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
+        self.bad_words = list(self.bad_words)
         self._validate()
+        self._validate_shaping()
         self.constraint = constraint_from_fields(self.json_schema, self.json_object, self.regex,
                                                  self.choice, self.grammar)
         if self.constraint is not None and self.min_tokens:
@@ -90,6 +103,12 @@ class SamplingParams:
                 _refuse(name, value, "must be in [-2, 2]")
         if not self.repetition_penalty > 0:
             _refuse("repetition_penalty", self.repetition_penalty, "must be > 0")
+        if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
+            _refuse("prompt_logprobs", self.prompt_logprobs, "must be >= 0")
+        if self.n < 1:
+            _refuse("n", self.n, "must be >= 1")
+        if self.truncate_prompt_tokens is not None and not 1 <= self.truncate_prompt_tokens:
+            _refuse("truncate_prompt_tokens", self.truncate_prompt_tokens, "must be >= 1")
         if self.logprobs is not None and self.logprobs < 0:
             _refuse("logprobs", self.logprobs, "must be >= 0")
         for s in self.stop:
@@ -99,14 +118,44 @@ class SamplingParams:
             if not isinstance(t, int):
                 _refuse("stop_token_ids", t, "must be an integer")
 
+    def _validate_shaping(self) -> None:
+        if self.logit_bias is not None:
+            clamped = {}
+            for token, bias in dict(self.logit_bias).items():
+                if not isinstance(token, int) or isinstance(token, bool):
+                    _refuse("logit_bias", {token: bias}, "keys must be integer token ids")
+                if (not isinstance(bias, int | float) or isinstance(bias, bool)
+                        or math.isnan(bias)):
+                    _refuse("logit_bias", {token: bias}, "biases must be numbers")
+                clamped[token] = float(min(max(bias, -100.0), 100.0))
+            self.logit_bias = clamped
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+            if not self.allowed_token_ids:
+                _refuse("allowed_token_ids", [], "must not be empty (leave it unset for every "
+                        "token)")
+            for t in self.allowed_token_ids:
+                if not isinstance(t, int) or isinstance(t, bool):
+                    _refuse("allowed_token_ids", t, "must be an integer")
+        for w in self.bad_words:
+            if not isinstance(w, str) or not w:
+                _refuse("bad_words", w, "bad words must be non-empty strings")
+
     def validate_for(self, vocab_size: int, max_logprobs: int) -> None:
         """The checks that need the model and the server's limits."""
         if self.logprobs is not None and self.logprobs > max_logprobs:
             _refuse("logprobs", self.logprobs, f"must be <= the configured max_logprobs "
                     f"({max_logprobs})")
+        if self.prompt_logprobs is not None and self.prompt_logprobs > max_logprobs:
+            _refuse("prompt_logprobs", self.prompt_logprobs, f"must be <= the configured "
+                    f"max_logprobs ({max_logprobs})")
         for t in self.stop_token_ids:
             if not 0 <= t < vocab_size:
                 _refuse("stop_token_ids", t, f"is outside the vocabulary [0, {vocab_size})")
+        for name in ("logit_bias", "allowed_token_ids"):
+            for t in getattr(self, name) or ():
+                if not 0 <= t < vocab_size:
+                    _refuse(name, t, f"is outside the vocabulary [0, {vocab_size})")
 
     def to_proto(self, eos_token_ids: Iterable[int]) -> worker_pb2.RequestSamplingParams:
         """What the worker applies: EOS ids join the stop ids so that min_tokens masks them too."""
@@ -128,6 +177,14 @@ class SamplingParams:
             msg.seed = self.seed
         if self.logprobs is not None:
             msg.logprobs = self.logprobs
+        if self.prompt_logprobs is not None:
+            msg.prompt_logprobs = self.prompt_logprobs
+        if self.logit_bias:
+            msg.logit_bias.update(self.logit_bias)
+        if self.allowed_token_ids:
+            msg.allowed_token_ids.extend(self.allowed_token_ids)
+        for ids in self.bad_words_token_ids:
+            msg.bad_words.add().ids.extend(ids)
         c = self.constraint
         if c is not None:
             if c.kind == "choice":
@@ -137,6 +194,18 @@ class SamplingParams:
             else:
                 setattr(msg, c.kind, c.text)
         return msg
+
+
+def truncate_prompt(prompt_token_ids: Sequence[int], params: SamplingParams,
+                    max_model_len: int) -> list[int]:
+    """The prompt's last truncate_prompt_tokens tokens (all of it when unset or shorter)."""
+    k = params.truncate_prompt_tokens
+    if k is None:
+        return list(prompt_token_ids)
+    if k >= max_model_len:
+        _refuse("truncate_prompt_tokens", k, f"must be < max_model_len ({max_model_len}) to "
+                "leave room for output")
+    return list(prompt_token_ids[-k:])
 
 
 def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_len: int) -> None:

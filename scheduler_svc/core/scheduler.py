@@ -21,13 +21,15 @@ from typing import Any
 from batchwire.v1 import worker_pb2
 
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.bad_words import bad_words_token_ids
 from scheduler_svc.core.detokenizer import IncrementalDetokenizer
 from scheduler_svc.core.errors import InvalidRequestError, QueueFullError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.outputs import EngineCoreOutput, TokenLogprobs
+from scheduler_svc.core.prompt_logprobs import collect_prompt_logprobs
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.request_queue import make_queue
-from scheduler_svc.core.sampling_params import SamplingParams, validate_prompt
+from scheduler_svc.core.sampling_params import SamplingParams, truncate_prompt, validate_prompt
 from scheduler_svc.core.stop_checker import check_stop
 from scheduler_svc.core.structured_output import RequestGrammar, build_grammar_output, compiler_for
 
@@ -112,9 +114,15 @@ class Scheduler:
         (recomputed after the prompt; they count towards max_tokens and the penalties), its
         `detokenizer` (with any text held back for stop strings) and its `grammar` matcher,
         already past that output."""
+        prompt_token_ids = truncate_prompt(prompt_token_ids, sampling_params, self.max_model_len)
         validate_prompt([*prompt_token_ids, *output_token_ids] if output_token_ids
                         else prompt_token_ids, self.vocab_size, self.max_model_len)
         sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)
+        if sampling_params.n != 1:
+            raise InvalidRequestError("n", f"{sampling_params.n}: a scheduler runs one sequence "
+                                           "per request; fan n out with parallel_sampling")
+        sampling_params.bad_words_token_ids = bad_words_token_ids(self.tokenizer,
+                                                                  sampling_params.bad_words)
         if sampling_params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer, this engine has none")
         if sampling_params.constraint is not None and grammar is None:
@@ -276,8 +284,11 @@ class Scheduler:
         stopped: set[Request] = set()
         all_logprobs = model_output.logprobs
         requests = self.requests
+        prompt_logprobs = model_output.prompt_logprobs
         for index, (req_id, sampled) in enumerate(
                 zip(model_output.req_ids, model_output.sampled_token_ids, strict=True)):
+            if prompt_logprobs and prompt_logprobs[index].positions:
+                collect_prompt_logprobs(requests.get(req_id), prompt_logprobs[index])
             new_ids = list(sampled.ids)
             if not new_ids:
                 continue  # still mid-prefill
@@ -318,6 +329,8 @@ class Scheduler:
                 outputs.append(EngineCoreOutput(request.request_id, new_ids, text, False, None,
                                                 None, num_prompt, len(tokens) - num_prompt,
                                                 logprobs))
+            if request.prompt_logprobs is not None:
+                outputs[-1].prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
         if stopped:
             self.running = [r for r in self.running if r not in stopped]
         return outputs
@@ -333,6 +346,8 @@ class Scheduler:
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        if request.prompt_logprobs:
+            request.prompt_logprobs = []  # its prompt is computed again, from the start
         request.num_preemptions += 1
         self.stats.num_preemptions += 1
         self.waiting.prepend(request)

@@ -111,7 +111,8 @@ def _merge(a: EngineCoreOutput, b: EngineCoreOutput) -> EngineCoreOutput:
     if a.new_logprobs or b.new_logprobs:
         logprobs = (a.new_logprobs or []) + (b.new_logprobs or [])
     return dataclasses.replace(b, new_token_ids=a.new_token_ids + b.new_token_ids,
-                               new_text=a.new_text + b.new_text, new_logprobs=logprobs)
+                               new_text=a.new_text + b.new_text, new_logprobs=logprobs,
+                               prompt_logprobs=a.prompt_logprobs or b.prompt_logprobs)
 
 
 class AsyncEngine:

@@ -54,10 +54,12 @@ class LLM:
             for i, (prompt, params) in enumerate(zip(batch, sampling_params, strict=True)):
                 text, ids = self._tokenize(prompt)
                 request_id = f"llm-{next(self._ids)}"
-                self.engine.add_request(ids, params, request_id=request_id,
-                                        priority=priority[i] if priority else 0)
+                request = self.engine.add_request(ids, params, request_id=request_id,
+                                                  priority=priority[i] if priority else 0)
                 added.append(request_id)
-                results[request_id] = RequestOutput(request_id, text, list(ids))
+                # The scheduler's copy: truncate_prompt_tokens may have cut it.
+                results[request_id] = RequestOutput(request_id, text,
+                                                    list(request.prompt_token_ids))
             self._run(results, use_tqdm)
         finally:
             # An error mid-run must not leave requests behind to run in the next call.
@@ -90,6 +92,8 @@ def _accumulate(result: RequestOutput, out: EngineCoreOutput) -> bool:
     """Adds a step's delta to the request's result; True when the request finished."""
     result.token_ids.extend(out.new_token_ids)
     result.text += out.new_text
+    if out.prompt_logprobs is not None:
+        result.prompt_logprobs = out.prompt_logprobs
     if out.new_logprobs:
         result.logprobs = (result.logprobs or []) + out.new_logprobs
     if out.finished:

@@ -17,9 +17,11 @@ import grpc
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.core.errors import InvalidRequestError, RequestIdInUseError
+from scheduler_svc.core.parallel_sampling import child_params, child_request_id
+from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.engine.async_engine import AsyncEngine, RequestStream
-from scheduler_svc.service import wire
+from scheduler_svc.service import parallel_sampling, wire
 from scheduler_svc.service.status_codes import NotReadyError, abort_with
 
 SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
@@ -55,6 +57,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         self.max_message_bytes = max_message_bytes
         self.model: LoadedModel | None = None
         self.draining = False
+        self._sequences: dict[str, list[str]] = {}  # n > 1: the client's id -> the engine's ids
 
     def attach(self, model: LoadedModel) -> None:
         self.model = model
@@ -68,26 +71,53 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                        context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         try:
-            stream = await self._admit(request)
+            request_id, streams = await self._admit(request)
         except Exception as e:
             await abort_with(context, e)
         try:
-            async for out in stream:
-                yield wire.response(stream.request_id, out)
+            async for msg in parallel_sampling.responses(request_id, streams):
+                yield msg
         except Exception as e:  # the engine died mid-stream: a status, never text in a message
             await abort_with(context, e)
         finally:
-            stream.close()  # a cancelled call or a passed deadline lands here: abort, free blocks
+            # A cancelled call or a passed deadline lands here: abort all n, free their blocks.
+            for stream in streams:
+                stream.close()
+            if len(streams) > 1:
+                self._sequences.pop(request_id, None)
 
-    async def _admit(self, request: generate_pb2.GenerateRequest) -> RequestStream:
+    async def _admit(self, request: generate_pb2.GenerateRequest
+                     ) -> tuple[str, list[RequestStream]]:
+        """The client's request id and one stream per sequence (n of them)."""
         m = self._loaded()
         request_id = wire.request_id(request)
         params = wire.sampling_params(request.sampling)
+        parallel_sampling.check_n(params.n, m.config.max_n)
         field, ids = wire.tokenize(request, m.tokenizer)
         if params.constraint is not None:
             # Neither the event loop nor the engine thread waits for a large schema to compile.
             await asyncio.get_running_loop().run_in_executor(
                 None, wire.compile_constraint, params, m.tokenizer, m.vocab_size)
+        if params.n == 1:
+            return request_id, [await self._add(m, request_id, ids, params, request, field)]
+        if request_id in self._sequences:
+            raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
+                                      "active request")
+        streams: list[RequestStream] = []
+        try:
+            for i in range(params.n):
+                streams.append(await self._add(m, child_request_id(request_id, i), ids,
+                                               child_params(params, i), request, field))
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            raise
+        self._sequences[request_id] = [s.request_id for s in streams]
+        return request_id, streams
+
+    @staticmethod
+    async def _add(m: LoadedModel, request_id: str, ids: list[int], params: SamplingParams,
+                   request: generate_pb2.GenerateRequest, field: str) -> RequestStream:
         try:
             return await m.engine.add_request(request_id, ids, params,
                                               priority=request.priority,
@@ -98,7 +128,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     async def Abort(self, request: generate_pb2.AbortRequest,
                     context: grpc.aio.ServicerContext) -> generate_pb2.AbortResponse:
         try:
-            aborted = self._loaded().engine.abort(list(request.request_ids))
+            # A request of n sequences is aborted whole, under the client's id.
+            ids = [c for r in request.request_ids for c in self._sequences.get(r, [r])]
+            parent = {c: r for r, cs in self._sequences.items() for c in cs}
+            found = self._loaded().engine.abort(ids)
+            aborted = list(dict.fromkeys(parent.get(i, i) for i in found))
         except Exception as e:
             await abort_with(context, e)
         return generate_pb2.AbortResponse(aborted_request_ids=aborted)
@@ -146,6 +180,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         limits.max_num_batched_tokens = m.max_num_batched_tokens
         limits.max_queued_requests = m.config.max_queued_requests
         limits.max_logprobs = m.config.max_logprobs
+        limits.max_n = m.config.max_n
         return info
 
     async def Tokenize(self, request: generate_pb2.TokenizeRequest,

@@ -20,9 +20,10 @@ from scheduler_svc.core.structured_output import compiler_for
 _SCALAR_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "ignore_eos",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
-    "include_stop_str_in_output", "skip_special_tokens",
+    "include_stop_str_in_output", "skip_special_tokens", "truncate_prompt_tokens", "n",
+    "prompt_logprobs",
 )
-_LIST_FIELDS = ("stop", "stop_token_ids")
+_LIST_FIELDS = ("stop", "stop_token_ids", "bad_words")
 _PROMPT_FIELDS = ("text", "token_ids", "messages")
 MAX_REQUEST_ID_CHARS = 256
 
@@ -37,6 +38,10 @@ def invalid(field: str, engine_error: InvalidRequestError) -> InvalidRequestErro
 def sampling_params(msg: generate_pb2.SamplingParams) -> SamplingParams:
     kwargs: dict[str, Any] = {f: getattr(msg, f) for f in _SCALAR_FIELDS if msg.HasField(f)}
     kwargs.update({f: list(getattr(msg, f)) for f in _LIST_FIELDS})
+    if msg.logit_bias:
+        kwargs["logit_bias"] = dict(msg.logit_bias)
+    if msg.allowed_token_ids:  # empty is unset on the wire
+        kwargs["allowed_token_ids"] = list(msg.allowed_token_ids)
     kind = msg.WhichOneof("constraint")
     if kind == "choice":
         kwargs[kind] = list(msg.choice.choices)
@@ -129,6 +134,11 @@ def compile_constraint(params: SamplingParams, tokenizer: Any, vocab_size: int) 
 def response(request_id: str, out: EngineCoreOutput) -> generate_pb2.GenerateResponse:
     msg = generate_pb2.GenerateResponse(request_id=request_id, token_ids=out.new_token_ids,
                                         text=out.new_text)
+    for lp in out.prompt_logprobs or ():
+        entry = msg.prompt_logprobs.add(token_id=lp.token_ids[0], logprob=lp.logprobs[0],
+                                        rank=lp.sampled_token_rank)
+        for token_id, logprob in zip(lp.token_ids[1:], lp.logprobs[1:], strict=True):
+            entry.top_logprobs.add(token_id=token_id, logprob=logprob)
     for lp in out.new_logprobs or ():
         entry = msg.logprobs.add(token_id=lp.token_ids[0], logprob=lp.logprobs[0],
                                  rank=lp.sampled_token_rank)

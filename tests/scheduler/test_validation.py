@@ -40,6 +40,14 @@ PARAM_CASES = [
     ("temperature", "hot"),
     ("stop", [3]),
     ("stop_token_ids", ["x"]),
+    ("logit_bias", {"5": 1.0}),
+    ("logit_bias", {5: math.nan}),
+    ("logit_bias", {5: "high"}),
+    ("allowed_token_ids", [1.5]),
+    ("bad_words", [""]),
+    ("bad_words", [7]),
+    ("truncate_prompt_tokens", 0),
+    ("truncate_prompt_tokens", 2.5),
 ]
 
 
@@ -59,6 +67,14 @@ def test_boundary_values_are_accepted(field, value):
     SamplingParams(**{field: value})
 
 
+def test_empty_allowed_list_is_refused_and_biases_are_clamped():
+    with pytest.raises(InvalidRequestError) as e:
+        SamplingParams(allowed_token_ids=[])
+    assert e.value.field == "allowed_token_ids"
+    assert SamplingParams(logit_bias={3: 250, 4: -1e9, 5: 0.5}).logit_bias == {
+        3: 100.0, 4: -100.0, 5: 0.5}
+
+
 REQUEST_CASES = [
     # (field, prompt, sampling kwargs)
     ("prompt", [], {}),
@@ -69,7 +85,19 @@ REQUEST_CASES = [
     ("logprobs", [5], {"logprobs": 21}),
     ("stop_token_ids", [5], {"stop_token_ids": [VOCAB]}),
     ("stop", [5], {"stop": ["x"]}),  # no tokenizer to find it with
+    ("logit_bias", [5], {"logit_bias": {VOCAB: 1.0}}),
+    ("allowed_token_ids", [5], {"allowed_token_ids": [7, VOCAB]}),
+    ("bad_words", [5], {"bad_words": ["x"]}),  # no tokenizer to spell it with
+    ("truncate_prompt_tokens", make_prompt(70), {"truncate_prompt_tokens": 64}),
 ]
+
+
+def test_truncation_keeps_the_last_tokens_and_rescues_a_long_prompt():
+    s = make_scheduler(vocab_size=VOCAB, max_model_len=64, max_num_batched_tokens=64)
+    request = s.add_request(make_prompt(70), SamplingParams(truncate_prompt_tokens=10))
+    assert request.prompt_token_ids == make_prompt(70)[-10:] and request.num_prompt_tokens == 10
+    short = s.add_request(make_prompt(5), SamplingParams(truncate_prompt_tokens=10))
+    assert short.prompt_token_ids == make_prompt(5)
 
 
 @pytest.mark.parametrize("field, prompt, kwargs", REQUEST_CASES)

@@ -368,6 +368,9 @@ def test_metadata_from_plain_objects():
         min_tokens=2,
         stop_token_ids=[2],
         logprobs=None,
+        logit_bias={},
+        allowed_token_ids=[],
+        bad_words=[],
     )
     ps = [SimpleNamespace(**plain), SimpleNamespace(**{**plain, "min_tokens": 0, "logprobs": 0})]
     outputs: list[list[int]] = [[5], []]

@@ -1,0 +1,82 @@
+"""A request's n sequences as one stream of GenerateResponse messages.
+
+Each sequence is a request of its own in the engine (core/parallel_sampling.py); here their
+streams are merged as outputs arrive, each message tagged with its sequence's `index`. Usage
+goes on the stream's last message only, for the whole request: the prompt once, every
+sequence's completion tokens summed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+
+from batchwire.v1 import generate_pb2
+
+from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.core.outputs import EngineCoreOutput
+from scheduler_svc.engine.async_engine import RequestStream
+from scheduler_svc.service import wire
+
+
+def check_n(n: int, max_n: int) -> None:
+    if n > max_n:
+        raise InvalidRequestError("sampling.n", f"{n} is above the server's max_n ({max_n})")
+
+
+async def responses(request_id: str, streams: Sequence[RequestStream]
+                    ) -> AsyncIterator[generate_pb2.GenerateResponse]:
+    if len(streams) == 1:  # the common case, without the merge's tasks and queue
+        async for out in streams[0]:
+            yield wire.response(request_id, out)
+        return
+    finals: dict[int, EngineCoreOutput] = {}
+    async for index, out in _merged(streams):
+        msg = wire.response(request_id, out)
+        msg.index = index
+        if out.finished:
+            finals[index] = out
+            if len(finals) < len(streams):
+                msg.ClearField("usage")
+            else:
+                _total_usage(msg.usage, finals)
+        yield msg
+
+
+def _total_usage(usage: generate_pb2.Usage, finals: dict[int, EngineCoreOutput]) -> None:
+    first = finals[0]  # the sequence admitted first, which prefilled the prompt
+    usage.prompt_tokens = first.num_prompt_tokens
+    usage.cached_tokens = first.num_cached_tokens
+    usage.completion_tokens = sum(out.num_output_tokens for out in finals.values())
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
+
+
+async def _merged(streams: Sequence[RequestStream]
+                  ) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
+    """(sequence index, output) in arrival order, until every stream ended; an error in any
+    stream ends them all (the caller closes the streams, which aborts what still runs)."""
+    queue: asyncio.Queue[tuple[int, EngineCoreOutput | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((index, out))
+        except Exception as e:
+            queue.put_nowait((index, e))
+            return
+        queue.put_nowait((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, item = await queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item is None:
+                remaining -= 1
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
