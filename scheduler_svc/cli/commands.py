@@ -28,6 +28,7 @@ from batchwire.common.sizes import byte_size
 from scheduler_svc.cli.client import DEFAULT_ADDRESS
 from scheduler_svc.config import POLICIES, SchedulerConfig
 
+CONNECT_TIMEOUT_S = 10.0  # chat checks the server is there before the first prompt
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
 _TRUE = ("1", "true", "yes", "on")
 
@@ -286,7 +287,6 @@ def _usage_line(last: Any) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    import grpc
     from batchwire.v1 import generate_pb2
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
@@ -298,11 +298,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     else:
         request = generate_pb2.GenerateRequest(text=prompt, sampling=_sampling(args))
     with _client(args) as client:
-        try:
-            _, last = _stream(client, request, args.timeout)
-        except grpc.RpcError as e:
-            print(f"\nbatchwire generate: {e.code().name}: {e.details()}", file=sys.stderr)
-            return 1
+        _, last = _stream(client, request, args.timeout)  # errors: client_errors.run_client
     if last is not None and not args.quiet:
         print(_usage_line(last), file=sys.stderr)
     return 0
@@ -315,10 +311,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     print("Chatting with the model at " + args.address + ". /reset forgets the conversation, "
           "/exit or Ctrl-D leaves.", file=sys.stderr)
     with _client(args) as client:
+        client.wait_ready(CONNECT_TIMEOUT_S)
         while True:
             try:
                 line = input("you> ").strip()
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 print(file=sys.stderr)
                 return 0
             if line in ("/exit", "/quit"):
@@ -435,6 +432,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(args, "log_level"):
         logging.basicConfig(level=args.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command in ("generate", "chat"):
+        from scheduler_svc.cli.client_errors import run_client
+
+        return run_client(args.command, args.func, args)
     return int(args.func(args) or 0)
 
 
