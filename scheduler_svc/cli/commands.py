@@ -23,6 +23,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from batchwire.common.ports import PortInUseError
 from batchwire.common.sizes import byte_size
 
 from scheduler_svc.cli.client import DEFAULT_ADDRESS
@@ -167,7 +168,11 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
         max_message_bytes=args.max_message_size, max_connection_age_s=args.max_connection_age,
         max_connection_age_grace_s=args.max_connection_age, progress=not args.no_progress,
         replicas=replicas, **server)
-    return serve(config)
+    try:
+        return serve(config)
+    except PortInUseError as e:
+        print(f"batchwire {args.command}: {e.strerror}", file=sys.stderr)
+        return 1
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
