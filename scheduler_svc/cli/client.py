@@ -61,6 +61,10 @@ class GenerationClient:
         finally:
             call.cancel()
 
+    def model_info(self) -> generate_pb2.GetModelInfoResponse:
+        return self.stub.GetModelInfo(generate_pb2.GetModelInfoRequest(), timeout=30,
+                                      metadata=self.metadata)
+
     def chat_request(self, messages: Sequence[tuple[str, str]],
                      sampling: generate_pb2.SamplingParams) -> generate_pb2.GenerateRequest:
         return generate_pb2.GenerateRequest(

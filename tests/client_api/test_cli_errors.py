@@ -57,7 +57,7 @@ def _free_port() -> int:
 
 def test_ctrl_c_during_generate_cancels_and_prints_one_line(stalling_server):
     servicer, address = stalling_server
-    process = subprocess.Popen([*CLI, "generate", "--address", address, "Tell me a story"],
+    process = subprocess.Popen([*CLI, "generate", "--address", address, "--raw", "Tell me a story"],
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert servicer.started.wait(60)
