@@ -258,6 +258,7 @@ class SchedulerServer:
         await warm_up(self.engine, tokenizer)
         self.engine.observer = self.metrics
         model = describe(core, tokenizer, self.engine)
+        self.metrics.model_name = model.model_name
         self.servicer.attach(model)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._print_usage(model)
