@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from batchwire.common.metrics_http import serve_metrics
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -20,7 +21,6 @@ from prometheus_client import (
 
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.engine.async_engine import EngineStats, RequestStream
-from scheduler_svc.service.metrics_http import serve_metrics
 
 # Seconds. Decode steps of a small model on a CPU take tens of milliseconds, prefills of long
 # prompts on a busy server seconds: the buckets span both.
