@@ -1,6 +1,6 @@
 """The sampling flags of `batchwire generate` and `chat`, one per SamplingParams field of
-generate.proto. An unset flag leaves the field unset, so the server's default applies: the
-model's generation config where it has one, else the documented default (max_tokens 16)."""
+generate.proto. An unset flag leaves the field unset, so the server's default applies (the ones
+documented in generate.proto: max_tokens 16, temperature 1...)."""
 
 from __future__ import annotations
 
