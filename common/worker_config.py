@@ -20,7 +20,9 @@ class WorkerConfig:
     kv_cache_memory_bytes: int = 1 << 30  # budget for all layers' K and V together
     max_num_reqs: int = 256  # rows of the persistent batch
     max_model_len: int = 2048  # longest sequence (prompt + output) a request may reach
-    max_num_batched_tokens: int = 4096  # most tokens one step may schedule
+    # Most tokens one step may schedule; the scheduler's default too (SchedulerConfig), and the
+    # engine runs with the smaller of the two that GetInfo reports.
+    max_num_batched_tokens: int = 2048
     max_logprobs: int = 20
     seed: int = 0  # seeds the generator of requests that bring no seed of their own
     attention_backend: str = "auto"  # "auto" (Triton on CUDA, torch on CPU), "torch", "triton"

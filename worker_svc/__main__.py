@@ -27,7 +27,7 @@ def _env(name: str, default):
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     """The worker's options; pass a parser (a CLI sub-command's) to fill it instead of a new one."""
     p = parser or argparse.ArgumentParser(
-        prog="python -m worker_svc",
+        prog="batchwire worker",
         description="Serve a model's forward pass and sampling to a batchwire scheduler over gRPC "
         "and ZMQ. Every option can also be set as BATCHWIRE_<OPTION> (e.g. "
         "BATCHWIRE_PORT=50061).",
@@ -137,7 +137,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         type=int,
         default=int(_env("metrics_port", 9091)),
         help="Prometheus /metrics port (0 = any free port; rank r of a group: port + r; "
-        "a taken port is logged and skipped)",
+        "a taken port stops the worker, as any other port does)",
     )
     net.add_argument("--no-metrics", action="store_true", help="serve no /metrics")
     net.add_argument("--log-level", default=_env("log_level", "INFO"))
@@ -203,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_one(args: argparse.Namespace) -> int:
+    from batchwire.common.ports import PortInUseError
     from batchwire.common.tls import ServerTls
 
     from worker_svc.server.serve import LoadInterrupted, ServeOptions, serve
@@ -230,6 +231,9 @@ def run_one(args: argparse.Namespace) -> int:
     )
     try:
         asyncio.run(serve(config, options))
+    except PortInUseError as e:
+        print(f"batchwire worker: {e.strerror}", file=sys.stderr)
+        return 1
     except LoadInterrupted:
         logging.getLogger(__name__).info("stopped before the model was loaded")
         logging.shutdown()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from batchwire.common.metrics_http import serve_metrics
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +59,11 @@ class WorkerMetrics:
     def serve(self, host: str, port: int) -> int | None:
         """Starts /metrics on a daemon thread; returns the bound port, or None if it is taken.
 
-        A taken port is logged, not fatal: metrics must never keep a worker from serving.
+        A port taken after serve.py checked it is logged, not fatal.
         """
         try:
-            server, _ = start_http_server(port, addr=host, registry=self.registry)
-        except OSError as e:
+            _, bound = serve_metrics(self.registry, host, port)
+        except OSError as e:  # taken since serve.py checked it: log, keep serving
             logger.warning("metrics not served on %s:%d: %s", host, port, e)
             return None
-        return server.server_port
+        return bound

@@ -8,7 +8,8 @@ import grpc
 from batchwire.common.tls import ClientTls, channel
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
-DEFAULT_ADDRESS = "localhost:50051"
+DEFAULT_PORT = 50051
+DEFAULT_ADDRESS = f"localhost:{DEFAULT_PORT}"
 
 # Keepalive pings every 30 s keep a long stream's connection open through proxies; the server
 # accepts pings at that rate.
@@ -19,16 +20,37 @@ CHANNEL_OPTIONS = [
 ]
 
 
+def with_default_port(address: str) -> str:
+    """`localhost` means localhost:50051: left alone, gRPC would dial port 443. Addresses with a
+    scheme (`dns:///`, `unix:`) are gRPC's own and pass unchanged."""
+    if "://" in address or address.startswith("unix:"):
+        return address
+    if address.startswith("["):  # [::1] or [::1]:50051
+        return address if "]:" in address else f"{address}:{DEFAULT_PORT}"
+    if address.count(":") == 1:
+        return address
+    if ":" in address:  # a bare IPv6 address
+        return f"[{address}]:{DEFAULT_PORT}"
+    return f"{address}:{DEFAULT_PORT}"
+
+
 class GenerationClient:
     def __init__(self, address: str = DEFAULT_ADDRESS, tls: ClientTls | None = None,
                  api_key: str | None = None) -> None:
         """tls: connect over TLS; api_key: sent as `authorization: Bearer <key>` on every call."""
-        self.channel = channel(address, tls, CHANNEL_OPTIONS)
+        self.address = with_default_port(address)
+        self.channel = channel(self.address, tls, CHANNEL_OPTIONS)
         self.stub = generate_pb2_grpc.GenerationStub(self.channel)
         self.metadata = [("authorization", f"Bearer {api_key}")] if api_key else None
 
     def wait_ready(self, timeout_s: float) -> None:
-        grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+        """Raises ConnectionError when no server answers at the address within timeout_s."""
+        try:
+            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+        except grpc.FutureTimeoutError:
+            raise ConnectionError(f"cannot reach a server at {self.address} within "
+                                  f"{timeout_s:g} s (is one running? --address HOST:PORT "
+                                  "names another)") from None
 
     def generate(self, request: generate_pb2.GenerateRequest, timeout_s: float | None = None
                  ) -> Iterator[generate_pb2.GenerateResponse]:
@@ -38,6 +60,10 @@ class GenerationClient:
             yield from call
         finally:
             call.cancel()
+
+    def model_info(self) -> generate_pb2.GetModelInfoResponse:
+        return self.stub.GetModelInfo(generate_pb2.GetModelInfoRequest(), timeout=30,
+                                      metadata=self.metadata)
 
     def chat_request(self, messages: Sequence[tuple[str, str]],
                      sampling: generate_pb2.SamplingParams) -> generate_pb2.GenerateRequest:

@@ -2,7 +2,7 @@
 
   serve      the scheduler and its workers in one command (in-process worker by default)
   scheduler  the scheduler alone, driving workers started elsewhere
-  worker     one worker (or a tensor-parallel group): `python -m worker_svc`
+  worker     one worker (or a tensor-parallel group)
   generate   stream one completion from a running server to the terminal
   chat       an interactive conversation with a running server
   bench      benchmarks (`python -m benchmarks`)
@@ -23,11 +23,13 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from batchwire.common.sizes import byte_size
+from batchwire.common.ports import PortInUseError
+from batchwire.common.sizes import byte_size, format_size
 
 from scheduler_svc.cli.client import DEFAULT_ADDRESS
 from scheduler_svc.config import POLICIES, SchedulerConfig
 
+CONNECT_TIMEOUT_S = 10.0  # chat checks the server is there before the first prompt
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
 _TRUE = ("1", "true", "yes", "on")
 
@@ -41,8 +43,9 @@ def _option(group: Any, flag: str, default: Any, help: str, type: Callable = str
     """An option whose default comes from BATCHWIRE_<OPTION> when that is set."""
     env = _env_name(flag)
     value = os.environ.get(env)
+    shown = format_size(default) if type is byte_size and default else "%(default)s"
     group.add_argument(flag, type=type, default=default if value is None else value,
-                       help=f"{help} [{env}; default: %(default)s]", **kwargs)
+                       help=f"{help} [{env}; default: {shown}]", **kwargs)
 
 
 def _flag(group: Any, flag: str, help: str) -> None:
@@ -169,7 +172,11 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
         max_message_bytes=args.max_message_size, max_connection_age_s=args.max_connection_age,
         max_connection_age_grace_s=args.max_connection_age, progress=not args.no_progress,
         replicas=replicas, **server)
-    return serve(config)
+    try:
+        return serve(config)
+    except PortInUseError as e:
+        print(f"batchwire {args.command}: {e.strerror}", file=sys.stderr)
+        return 1
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -212,20 +219,10 @@ def _delegate(module: str, what: str, argv: list[str]) -> int:
 
 # Clients.
 
-def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
-    g = p.add_argument_group("sampling (unset = the server's default)")
-    g.add_argument("--max-tokens", type=int, default=max_tokens,
-                   help="output tokens at most (default: %(default)s)")
-    g.add_argument("--temperature", type=float, help="0 = greedy (server default 1)")
-    g.add_argument("--top-p", type=float)
-    g.add_argument("--top-k", type=int)
-    g.add_argument("--min-p", type=float)
-    g.add_argument("--seed", type=int)
-    g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
-    g.add_argument("--ignore-eos", action="store_true", default=None)
-    g.add_argument("--repetition-penalty", type=float)
-    g.add_argument("--presence-penalty", type=float)
-    g.add_argument("--frequency-penalty", type=float)
+def _add_sampling_options(p: argparse.ArgumentParser) -> None:
+    from scheduler_svc.cli.sampling_flags import add_sampling_options
+
+    add_sampling_options(p)
 
 
 def _add_client_options(p: argparse.ArgumentParser) -> None:
@@ -264,21 +261,24 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _sampling(args: argparse.Namespace) -> Any:
-    from batchwire.v1 import generate_pb2
+    from scheduler_svc.cli.sampling_flags import sampling_message
 
-    fields = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos",
-              "repetition_penalty", "presence_penalty", "frequency_penalty")
-    values = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
-    return generate_pb2.SamplingParams(stop=args.stop, **values)
+    return sampling_message(args)
 
 
 def _stream(client: Any, request: Any, timeout: float | None) -> tuple[str, Any]:
-    """Prints the text as it arrives; returns it and the last message."""
-    text, last = [], None
+    """Prints the text as it arrives, then any logprobs asked for (on stderr); returns the text
+    and the last message."""
+    text, last, logprobs = [], None, []
     for last in client.generate(request, timeout):
         text.append(last.text)
+        logprobs.extend(last.logprobs)
         print(last.text, end="", flush=True)
     print()
+    for lp in logprobs:
+        top = " ".join(f"{t.token_id}:{t.logprob:.3f}" for t in lp.top_logprobs)
+        print(f"[logprob] token {lp.token_id}: {lp.logprob:.3f} (rank {lp.rank}) {top}".rstrip(),
+              file=sys.stderr)
     return "".join(text), last
 
 
@@ -289,26 +289,35 @@ def _usage_line(last: Any) -> str:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    import grpc
     from batchwire.v1 import generate_pb2
 
-    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
-    if args.chat:
-        messages = [("system", args.system)] if args.system else []
-        request = generate_pb2.GenerateRequest(
-            messages=[generate_pb2.ChatMessage(role=r, content=c)
-                      for r, c in [*messages, ("user", prompt)]], sampling=_sampling(args))
-    else:
-        request = generate_pb2.GenerateRequest(text=prompt, sampling=_sampling(args))
+    if args.system and args.raw:
+        raise SystemExit("batchwire generate: --system needs the chat template, which --raw "
+                         "turns off")
+    # A prompt piped in ends with the newline of its last line, which is not part of the prompt.
+    prompt = sys.stdin.read().rstrip("\n") if args.prompt == "-" else args.prompt
     with _client(args) as client:
-        try:
-            _, last = _stream(client, request, args.timeout)
-        except grpc.RpcError as e:
-            print(f"\nbatchwire generate: {e.code().name}: {e.details()}", file=sys.stderr)
-            return 1
+        # An instruct model answers a prompt sent through its chat template; raw text it only
+        # continues. So the template applies whenever the model has one, unless --raw.
+        chat = args.chat or (not args.raw and client.model_info().has_chat_template)
+        if args.system and not chat:
+            raise SystemExit("batchwire generate: --system needs a model with a chat template")
+        if chat:
+            messages = [("system", args.system)] if args.system else []
+            request = client.chat_request([*messages, ("user", prompt)], _sampling(args))
+        else:
+            request = generate_pb2.GenerateRequest(text=prompt, sampling=_sampling(args))
+        _, last = _stream(client, request, args.timeout)  # errors: client_errors.run_client
     if last is not None and not args.quiet:
         print(_usage_line(last), file=sys.stderr)
     return 0
+
+
+def _cut_note(last: Any) -> str | None:
+    if last is None or last.finish_reason != "length":
+        return None
+    return (f"[cut at max_tokens, after {last.usage.completion_tokens} tokens: --max-tokens "
+            "raises the limit]")
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -318,10 +327,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
     print("Chatting with the model at " + args.address + ". /reset forgets the conversation, "
           "/exit or Ctrl-D leaves.", file=sys.stderr)
     with _client(args) as client:
+        client.wait_ready(CONNECT_TIMEOUT_S)
         while True:
             try:
                 line = input("you> ").strip()
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 print(file=sys.stderr)
                 return 0
             if line in ("/exit", "/quit"):
@@ -334,8 +344,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
             history.append(("user", line))
             print("model> ", end="", flush=True)
             try:
-                reply, _ = _stream(client, client.chat_request(history, _sampling(args)),
-                                   args.timeout)
+                reply, last = _stream(client, client.chat_request(history, _sampling(args)),
+                                      args.timeout)
+                note = _cut_note(last)
+                if note:
+                    print(note, file=sys.stderr)
             except grpc.RpcError as e:
                 print(f"\nbatchwire chat: {e.code().name}: {e.details()}", file=sys.stderr)
                 history.pop()
@@ -349,10 +362,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 # The parser.
 
+def _version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("batchwire")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="batchwire", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"batchwire {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     serve = sub.add_parser(
@@ -405,12 +428,15 @@ def build_parser() -> argparse.ArgumentParser:
     generate = sub.add_parser("generate", help="stream one completion from a running server",
                               description="Stream one completion to the terminal.")
     generate.add_argument("prompt", metavar="PROMPT", help="the prompt text; - reads stdin")
-    generate.add_argument("--chat", action="store_true",
-                          help="send the prompt as a user message, through the chat template")
-    generate.add_argument("--system", help="a system message (with --chat)")
+    mode = generate.add_mutually_exclusive_group()
+    mode.add_argument("--raw", action="store_true", help="send the prompt as plain text to be "
+                      "continued, without the model's chat template")
+    mode.add_argument("--chat", action="store_true", help="send the prompt as a user message "
+                      "through the chat template (the default when the model has one)")
+    generate.add_argument("--system", help="a system message before the prompt (not with --raw)")
     generate.add_argument("--quiet", action="store_true", help="no usage line on stderr")
     _add_client_options(generate)
-    _add_sampling_options(generate, max_tokens=128)
+    _add_sampling_options(generate)
     generate.set_defaults(func=cmd_generate)
 
     chat = sub.add_parser("chat", help="an interactive conversation with a running server",
@@ -418,14 +444,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "sent whole, through the model's chat template, every turn.")
     chat.add_argument("--system", help="a system message opening the conversation")
     _add_client_options(chat)
-    _add_sampling_options(chat, max_tokens=256)
+    _add_sampling_options(chat)
     chat.set_defaults(func=cmd_chat)
     return parser
 
 
 _DELEGATES = {
     "worker": ("worker_svc.__main__", "the worker service"),
-    "bench": ("benchmarks.__main__", "the bench command (issue 7)"),
+    "bench": ("benchmarks.__main__", "the bench command"),
 }
 
 
@@ -438,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(args, "log_level"):
         logging.basicConfig(level=args.log_level.upper(),
                             format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.command in ("generate", "chat"):
+        from scheduler_svc.cli.client_errors import run_client
+
+        return run_client(args.command, args.func, args)
     return int(args.func(args) or 0)
 
 

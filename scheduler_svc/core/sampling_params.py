@@ -11,9 +11,12 @@ from batchwire.v1 import worker_pb2
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.core.structured_output.constraint import Constraint, constraint_from_fields
 
-__all__ = ["InvalidRequestError", "SamplingParams", "validate_prompt"]
+__all__ = ["DEFAULT_MAX_TOKENS", "InvalidRequestError", "SamplingParams", "validate_length",
+           "validate_prompt"]
 
 _INT32_MAX = 2**31 - 1  # the wire's int32 fields
+# vLLM's default, and the one every batchwire client uses (the wire, generate, chat, LLM).
+DEFAULT_MAX_TOKENS = 16
 _INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "truncate_prompt_tokens",
                "n", "prompt_logprobs")
 
@@ -25,7 +28,8 @@ class SamplingParams:
     top_k: int = 0  # 0 or -1 = off
     min_p: float = 0.0  # 0 = off
     seed: int | None = None  # a per-request generator; draws do not depend on the batch
-    max_tokens: int = 16  # output tokens at most (max_model_len may stop the request earlier)
+    # Output tokens at most; a prompt plus max_tokens longer than max_model_len is refused.
+    max_tokens: int = DEFAULT_MAX_TOKENS
     min_tokens: int = 0  # EOS and stop token ids are ignored until this many tokens are out
     stop: list[str] = dataclasses.field(default_factory=list)  # stop strings, found in the text
     stop_token_ids: list[int] = dataclasses.field(default_factory=list)
@@ -206,6 +210,16 @@ def truncate_prompt(prompt_token_ids: Sequence[int], params: SamplingParams,
         _refuse("truncate_prompt_tokens", k, f"must be < max_model_len ({max_model_len}) to "
                 "leave room for output")
     return list(prompt_token_ids[-k:])
+
+
+def validate_length(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    """Refuses what could only end cut short by max_model_len, as vLLM does: the client asked
+    for more than fits, and should hear so rather than get "length" early."""
+    if num_prompt_tokens + max_tokens > max_model_len:
+        _refuse("max_tokens", max_tokens,
+                f"with a {num_prompt_tokens}-token prompt needs {num_prompt_tokens + max_tokens} "
+                f"tokens, more than max_model_len ({max_model_len}): ask for at most "
+                f"{max_model_len - num_prompt_tokens}")
 
 
 def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_len: int) -> None:

@@ -29,7 +29,12 @@ from scheduler_svc.core.outputs import EngineCoreOutput, TokenLogprobs
 from scheduler_svc.core.prompt_logprobs import collect_prompt_logprobs
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.request_queue import make_queue
-from scheduler_svc.core.sampling_params import SamplingParams, truncate_prompt, validate_prompt
+from scheduler_svc.core.sampling_params import (
+    SamplingParams,
+    truncate_prompt,
+    validate_length,
+    validate_prompt,
+)
 from scheduler_svc.core.stop_checker import check_stop
 from scheduler_svc.core.structured_output import RequestGrammar, build_grammar_output, compiler_for
 
@@ -118,6 +123,7 @@ class Scheduler:
         validate_prompt([*prompt_token_ids, *output_token_ids] if output_token_ids
                         else prompt_token_ids, self.vocab_size, self.max_model_len)
         sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)
+        validate_length(len(prompt_token_ids), sampling_params.max_tokens, self.max_model_len)
         if sampling_params.n != 1:
             raise InvalidRequestError("n", f"{sampling_params.n}: a scheduler runs one sequence "
                                            "per request; fan n out with parallel_sampling")

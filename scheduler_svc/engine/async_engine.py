@@ -286,7 +286,7 @@ class AsyncEngine:
                 stream._push(out)
             if out.finished:
                 self._forget(stream)
-                if open_ and self.observer is not None:
+                if self.observer is not None:  # a closed stream ends too: counted as "abort"
                     self.observer.observe_finished(stream, out)
 
     def _fail(self, request_ids: list[str], error: Exception) -> None:

@@ -8,9 +8,16 @@ histograms are observed on the event loop when a request finishes.
 from __future__ import annotations
 
 import time
-from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from batchwire.common.metrics_http import serve_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.engine.async_engine import EngineStats, RequestStream
@@ -55,8 +62,12 @@ class SchedulerMetrics:
                                      "requests.", registry=r)
         self.generation_tokens = Counter("batchwire_generation_tokens",
                                          "Output tokens of finished requests.", registry=r)
+        # Every way a request ends, cancelled streams included ("abort"); vLLM's label names.
         self.finished = Counter("batchwire_request_finished", "Finished requests by reason.",
-                                ["finish_reason"], registry=r)
+                                ["model_name", "finished_reason"], registry=r)
+        self.model_name = ""  # set once the model is loaded
+        ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes
+        PlatformCollector(registry=r)  # python_info
         self._last = EngineStats()
 
     def observe_engine(self, stats: EngineStats) -> None:
@@ -81,10 +92,7 @@ class SchedulerMetrics:
                 self.tpot.observe((now - stream.first_token_time) / (last.num_output_tokens - 1))
         self.prompt_tokens.inc(last.num_prompt_tokens)
         self.generation_tokens.inc(last.num_output_tokens)
-        self.finished.labels(last.finish_reason or "unknown").inc()
+        self.finished.labels(self.model_name, last.finish_reason or "unknown").inc()
 
 
-def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, int]:
-    """Starts the /metrics HTTP server on a daemon thread; returns (server, bound port)."""
-    server, _ = start_http_server(port, addr=host, registry=registry)
-    return server, server.server_port
+__all__ = ["SchedulerMetrics", "serve_metrics"]

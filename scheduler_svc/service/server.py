@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import grpc
+from batchwire.common.ports import PortRequest, check_free
 from batchwire.v1 import generate_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -257,6 +258,7 @@ class SchedulerServer:
         await warm_up(self.engine, tokenizer)
         self.engine.observer = self.metrics
         model = describe(core, tokenizer, self.engine)
+        self.metrics.model_name = model.model_name
         self.servicer.attach(model)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._print_usage(model)
@@ -289,6 +291,7 @@ class SchedulerServer:
 
     async def _bind(self) -> None:
         cfg = self.config
+        check_free(ports_to_open(cfg))  # before any is bound: nothing to undo when one is taken
         address = f"{cfg.host}:{cfg.port}"
         self.port = add_port(self.server, address, cfg.tls)
         if not self.port:
@@ -366,6 +369,16 @@ class SchedulerServer:
               f"{SERVICE_NAME}/Generate\n"
               f"  any language: the service is defined in protos/batchwire/v1/generate.proto",
               flush=True)
+
+
+def ports_to_open(cfg: ServerConfig) -> list[PortRequest]:
+    ports = [PortRequest("gRPC", cfg.host, cfg.port, "--port")]
+    if cfg.health_port is not None:
+        ports.append(PortRequest("health", cfg.host, cfg.health_port, "--health-port"))
+    if cfg.metrics_port is not None:
+        ports.append(PortRequest("metrics", cfg.metrics_host, cfg.metrics_port,
+                                 "--metrics-port", ", or serve none with --no-metrics"))
+    return ports
 
 
 def _cli_command() -> str:

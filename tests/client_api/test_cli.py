@@ -42,7 +42,7 @@ def test_generate_streams_to_the_terminal(server):
     prompt = "The capital of France is"
     done = subprocess.run(
         [sys.executable, "-m", "scheduler_svc.cli", "generate", "--address", server.address,
-         "--temperature", "0", "--max-tokens", "8", "--ignore-eos", prompt],
+         "--raw", "--temperature", "0", "--max-tokens", "8", "--ignore-eos", prompt],
         cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     _, text, _, _ = collect(server.stub.Generate(text_request(prompt, greedy(8)), timeout=60))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -250,7 +251,8 @@ def test_metrics_are_served(server):
                  "batchwire_e2e_request_latency_seconds", "batchwire_prompt_tokens_total",
                  "batchwire_generation_tokens_total"):
         assert name in text, name
-    assert 'batchwire_request_finished_total{finish_reason="length"}' in text
+    assert re.search(r'batchwire_request_finished_total\{finished_reason="length",'
+                     r'model_name="SmolLM2-135M-Instruct"\}', text), text
 
 
 def test_reflection_describes_the_service(server):

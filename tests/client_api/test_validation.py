@@ -29,6 +29,8 @@ CASES = [
     ("min_p>1", text_request("Hi", S(min_p=1.1)), "sampling.min_p"),
     ("max_tokens=0", text_request("Hi", S(max_tokens=0)), "sampling.max_tokens"),
     ("max_tokens<0", text_request("Hi", S(max_tokens=-3)), "sampling.max_tokens"),
+    ("prompt+max_tokens>max_model_len", text_request("Hi", S(max_tokens=5000)),
+     "sampling.max_tokens"),
     ("min_tokens<0", text_request("Hi", S(min_tokens=-1)), "sampling.min_tokens"),
     ("min_tokens>max", text_request("Hi", S(max_tokens=4, min_tokens=5)), "sampling.min_tokens"),
     ("presence>2", text_request("Hi", S(presence_penalty=2.5)), "sampling.presence_penalty"),
@@ -86,6 +88,16 @@ def test_each_invalid_input_is_refused_naming_its_field(server):
     _, _, last, _ = collect(server.stub.Generate(text_request("Hi", greedy(3)), timeout=60))
     assert last.finish_reason == "length" and last.usage.completion_tokens == 3
     server.wait_idle()
+
+
+def test_a_request_that_cannot_fit_names_both_numbers(server):
+    prompt = [100] * 10
+    with pytest.raises(grpc.RpcError) as e:
+        list(server.stub.Generate(R(token_ids=prompt, sampling=S(max_tokens=5000)), timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details() == (
+        "sampling.max_tokens: 5000 with a 10-token prompt needs 5010 tokens, more than "
+        "max_model_len (256): ask for at most 246")
 
 
 def test_unset_fields_take_the_documented_defaults(server):

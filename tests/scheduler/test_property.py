@@ -49,7 +49,9 @@ def workloads(draw):
         head = shared[: draw(st.integers(0, 8))]
         tail = draw(st.lists(st.integers(2, VOCAB - 1), max_size=max_model_len))
         prompt = (head + tail)[: max_model_len - 1] or [2]
-        params = SamplingParams(temperature=0, max_tokens=draw(st.integers(1, 12)),
+        # Prompt plus max_tokens must fit in max_model_len (more is refused at admission).
+        room = min(12, max_model_len - len(prompt))
+        params = SamplingParams(temperature=0, max_tokens=draw(st.integers(1, room)),
                                 ignore_eos=draw(st.booleans()))
         step = draw(st.integers(0, 6))
         abort = draw(st.none() | st.integers(step, step + 10))

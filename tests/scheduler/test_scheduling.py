@@ -10,6 +10,8 @@ from scheduler_svc.core.sampling_params import SamplingParams
 from .conftest import make_fake_engine, make_prompt, make_scheduler, run_step, scheduled_tokens
 
 GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+# Runs long enough for the preemption tests, and fits an 8-token prompt in max_model_len 20.
+GREEDY_12 = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 def counts(so, requests) -> list[int]:
@@ -71,10 +73,10 @@ def test_fcfs_preempts_the_most_recently_admitted_and_admits_nothing_that_step()
     # 5 usable blocks of 4 tokens; a and b fill 2 blocks each.
     s = make_scheduler(num_blocks=6, block_size=4, max_num_seqs=2, max_model_len=20,
                        max_num_batched_tokens=64)
-    a = s.add_request(make_prompt(8, 100), GREEDY)
-    b = s.add_request(make_prompt(8, 200), GREEDY)
+    a = s.add_request(make_prompt(8, 100), GREEDY_12)
+    b = s.add_request(make_prompt(8, 200), GREEDY_12)
     run_step(s)
-    c = s.add_request(make_prompt(2, 300), GREEDY)  # would fit in b's freed blocks
+    c = s.add_request(make_prompt(2, 300), GREEDY_12)  # would fit in b's freed blocks
     so, _ = run_step(s)
     # a takes the last free block for its 9th token; b finds none and is preempted.
     assert counts(so, [a, b, c]) == [1, 0, 0]
@@ -91,10 +93,10 @@ def test_preemption_victim_by_policy(policy, victim):
     b's share of this step although b was already scheduled."""
     s = make_scheduler(num_blocks=7, block_size=4, max_num_seqs=4, max_model_len=24,
                        max_num_batched_tokens=64, policy=policy)
-    reqs = {"b": s.add_request(make_prompt(5, 100), GREEDY, priority=5)}
+    reqs = {"b": s.add_request(make_prompt(5, 100), GREEDY_12, priority=5)}
     run_step(s)
-    reqs["a"] = s.add_request(make_prompt(8, 200), GREEDY, priority=0)
-    reqs["c"] = s.add_request(make_prompt(7, 300), GREEDY, priority=1)
+    reqs["a"] = s.add_request(make_prompt(8, 200), GREEDY_12, priority=0)
+    reqs["c"] = s.add_request(make_prompt(7, 300), GREEDY_12, priority=1)
     run_step(s)
     assert s.kv.num_free_blocks == 0
     so, _ = run_step(s)
@@ -110,7 +112,7 @@ def test_resumed_request_gets_its_whole_block_table():
     s = make_scheduler(num_blocks=6, block_size=4, max_num_seqs=2, max_model_len=20,
                        max_num_batched_tokens=64, enable_prefix_caching=False)
     a = s.add_request(make_prompt(8, 100), SamplingParams(temperature=0, max_tokens=2))
-    b = s.add_request(make_prompt(8, 200), GREEDY)
+    b = s.add_request(make_prompt(8, 200), GREEDY_12)
     run_step(s)
     run_step(s)  # b is preempted
     assert b.status == RequestStatus.PREEMPTED

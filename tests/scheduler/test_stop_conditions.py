@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler_svc.core.detokenizer import IncrementalDetokenizer
+from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.core.sampling_params import SamplingParams
 
 from .conftest import ByteTokenizer, make_prompt, make_scheduler, run_step
@@ -55,9 +56,14 @@ def test_max_tokens_is_length():
     assert r.output_token_ids == [5, 6, 7] and outs[-1].finish_reason == "length"
 
 
-def test_max_model_len_is_length():
+def test_a_request_longer_than_max_model_len_is_refused_naming_both_numbers():
     s = make_scheduler(max_model_len=6)
-    r, outs = generate(s, SamplingParams(max_tokens=100, min_tokens=50), [5, 6, 7], prompt_len=4)
+    with pytest.raises(InvalidRequestError) as e:
+        s.add_request(make_prompt(4), SamplingParams(max_tokens=100))
+    assert e.value.field == "max_tokens"
+    assert "4-token prompt" in e.value.message and "max_model_len (6)" in e.value.message
+    assert "at most 2" in e.value.message and not s.requests
+    r, outs = generate(s, SamplingParams(max_tokens=2, min_tokens=2), [5, 6, 7], prompt_len=4)
     assert r.num_tokens == 6 and outs[-1].finish_reason == "length"
 
 

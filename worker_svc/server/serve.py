@@ -17,6 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from batchwire.common.ports import PortRequest, check_free
 from batchwire.common.tls import ServerTls
 from batchwire.common.worker_config import WorkerConfig
 
@@ -58,6 +59,20 @@ def write_ready_file(path: str, info: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def ports_to_open(options: ServeOptions) -> list[PortRequest]:
+    host = options.host
+    ports = [PortRequest("worker gRPC", host, options.grpc_port, "--port")]
+    if options.zmq:
+        ports.append(PortRequest("worker ZMQ", host, options.zmq_port, "--zmq-port",
+                                 ", or open none with --no-zmq"))
+    if options.health_port is not None:
+        ports.append(PortRequest("health", host, options.health_port, "--health-port"))
+    if options.metrics_port is not None:
+        ports.append(PortRequest("metrics", host, options.metrics_port, "--metrics-port",
+                                 ", or serve none with --no-metrics"))
+    return ports
+
+
 async def serve(
     config: WorkerConfig,
     options: ServeOptions,
@@ -73,6 +88,7 @@ async def serve(
         loop.call_soon_threadsafe(stop.set)
 
     servicer = WorkerServicer(on_shutdown=on_shutdown, metrics=metrics)
+    check_free(ports_to_open(options))  # all of them before the model loads, none bound yet
     metrics_port = None
     if options.metrics_port is not None:
         metrics_port = metrics.serve(options.host, options.metrics_port)
