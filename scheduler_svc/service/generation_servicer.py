@@ -71,11 +71,17 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                        context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         try:
-            request_id, streams = await self._admit(request)
+            request_id, ids, streams = await self._admit(request)
+            options = wire.stream_options(request.sampling)
         except Exception as e:
             await abort_with(context, e)
         try:
-            async for msg in parallel_sampling.responses(request_id, streams):
+            echo = options.echo
+            async for msg in parallel_sampling.responses(request_id, streams,
+                                                         options.continuous_usage):
+                if echo:
+                    wire.add_echo(msg, ids, self._loaded().tokenizer)
+                    echo = False
                 yield msg
         except Exception as e:  # the engine died mid-stream: a status, never text in a message
             await abort_with(context, e)
@@ -87,8 +93,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 self._sequences.pop(request_id, None)
 
     async def _admit(self, request: generate_pb2.GenerateRequest
-                     ) -> tuple[str, list[RequestStream]]:
-        """The client's request id and one stream per sequence (n of them)."""
+                     ) -> tuple[str, list[int], list[RequestStream]]:
+        """The client's request id, the prompt as run and one stream per sequence (n of them)."""
         m = self._loaded()
         request_id = wire.request_id(request)
         params = wire.sampling_params(request.sampling)
@@ -98,8 +104,9 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             # Neither the event loop nor the engine thread waits for a large schema to compile.
             await asyncio.get_running_loop().run_in_executor(
                 None, wire.compile_constraint, params, m.tokenizer, m.vocab_size)
+        run = wire.prompt_as_run(ids, params)
         if params.n == 1:
-            return request_id, [await self._add(m, request_id, ids, params, request, field)]
+            return request_id, run, [await self._add(m, request_id, ids, params, request, field)]
         if request_id in self._sequences:
             raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
                                       "active request")
@@ -113,7 +120,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 stream.close()
             raise
         self._sequences[request_id] = [s.request_id for s in streams]
-        return request_id, streams
+        return request_id, run, streams
 
     @staticmethod
     async def _add(m: LoadedModel, request_id: str, ids: list[int], params: SamplingParams,
