@@ -105,21 +105,26 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             await asyncio.get_running_loop().run_in_executor(
                 None, wire.compile_constraint, params, m.tokenizer, m.vocab_size)
         run = wire.prompt_as_run(ids, params)
-        if params.n == 1:
-            return request_id, run, [await self._add(m, request_id, ids, params, request, field)]
-        if request_id in self._sequences:
+        # NOTE: the engine knows a request of n sequences by its children's ids ("x#0"...), so
+        # the client's id is checked against both kinds here, with no await between the check
+        # and the engine's (n = 1) or this map's (n > 1) taking of it.
+        if request_id in self._sequences or (params.n > 1 and m.engine.holds(request_id)):
             raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
                                       "active request")
+        if params.n == 1:
+            return request_id, run, [await self._add(m, request_id, ids, params, request, field)]
+        children = [child_request_id(request_id, i) for i in range(params.n)]
+        self._sequences[request_id] = children
         streams: list[RequestStream] = []
         try:
-            for i in range(params.n):
-                streams.append(await self._add(m, child_request_id(request_id, i), ids,
-                                               child_params(params, i), request, field))
+            for i, child in enumerate(children):
+                streams.append(await self._add(m, child, ids, child_params(params, i), request,
+                                               field))
         except BaseException:
+            del self._sequences[request_id]
             for stream in streams:
                 stream.close()
             raise
-        self._sequences[request_id] = [s.request_id for s in streams]
         return request_id, run, streams
 
     @staticmethod

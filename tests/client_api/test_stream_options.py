@@ -3,6 +3,7 @@ matched stop named, and request ids that clash with a request of n sequences."""
 
 from __future__ import annotations
 
+import grpc
 import pytest
 from batchwire.v1 import generate_pb2
 
@@ -130,4 +131,33 @@ def test_the_last_message_names_the_matched_stop(server, default_tokenizer):
             assert m.finish_reason == "stop" and m.WhichOneof("stop_reason") == field
             assert getattr(m, field) == value
         assert messages[-1].HasField("usage")
+    server.wait_idle()
+
+
+def _refused_as_in_use(server, request_id: str, sampling: generate_pb2.SamplingParams) -> None:
+    with pytest.raises(grpc.RpcError) as e:
+        list(server.stub.Generate(R(request_id=request_id, text="Hi", sampling=sampling),
+                                  timeout=30))
+    assert e.value.code() == grpc.StatusCode.ALREADY_EXISTS, e.value
+    assert repr(request_id) in e.value.details()
+
+
+@pytest.mark.parametrize("first_n", [3, 1])
+def test_an_id_in_use_by_n_sequences_or_one_clashes_with_both(server, first_n):
+    """The engine runs an n > 1 request "x" as "x#0".."x#n-1": a plain "x" or another n > 1 "x"
+    must still be refused while it runs, and either kind while a plain "x" runs."""
+    call = server.stub.Generate(R(request_id="clash", text=PROMPT, sampling=greedy(
+        200, n=first_n)), timeout=120)
+    next(call)
+    _refused_as_in_use(server, "clash", greedy(2))
+    _refused_as_in_use(server, "clash", greedy(2, n=2))
+    server.stub.Abort(generate_pb2.AbortRequest(request_ids=["clash"]), timeout=10)
+    reasons = {m.index: m.finish_reason for m in call if m.HasField("finish_reason")}
+    assert reasons == {i: "abort" for i in range(first_n)}, "the refusals must not end it"
+    server.wait_idle()
+    # Once it has ended, the id is free again, for either kind.
+    for n in (1, 2):
+        ids, _, last, _ = collect(server.stub.Generate(R(request_id="clash", text="Hi",
+                                                         sampling=greedy(2, n=n)), timeout=60))
+        assert last.finish_reason == "length" and len(ids) == 2 * n
     server.wait_idle()
