@@ -99,6 +99,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         request_id = wire.request_id(request)
         params = wire.sampling_params(request.sampling)
         parallel_sampling.check_n(params.n, m.config.max_n)
+        wire.check_priority(request.priority, m.config.policy)
         field, ids = wire.tokenize(request, m.tokenizer)
         if params.constraint is not None:
             # Neither the event loop nor the engine thread waits for a large schema to compile.

@@ -77,6 +77,14 @@ def add_echo(msg: generate_pb2.GenerateResponse, ids: list[int], tokenizer: Any)
     msg.prompt_text = tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def check_priority(priority: int, policy: str) -> None:
+    """A priority means something only under the priority policy; elsewhere it is refused
+    rather than silently ignored."""
+    if priority and policy != "priority":
+        raise InvalidRequestError("priority", f"{priority} needs the server's priority policy "
+                                              f"(--policy priority); it runs {policy!r}")
+
+
 def request_id(msg: generate_pb2.GenerateRequest) -> str:
     if not msg.request_id:
         return uuid.uuid4().hex
