@@ -329,12 +329,7 @@ class Scheduler:
             if status is not None:
                 stopped.add(request)
                 self._finish(request, status)
-                outputs.append(self._output(request, new_ids, text, logprobs))
-            else:
-                num_prompt = request.num_prompt_tokens
-                outputs.append(EngineCoreOutput(request.request_id, new_ids, text, False, None,
-                                                None, num_prompt, len(tokens) - num_prompt,
-                                                logprobs))
+            outputs.append(self._output(request, new_ids, text, logprobs))
             if request.prompt_logprobs is not None:
                 outputs[-1].prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
         if stopped:

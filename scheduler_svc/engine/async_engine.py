@@ -160,6 +160,10 @@ class AsyncEngine:
         """Requests whose client is still reading (a closed stream awaiting its abort is not)."""
         return sum(not s.finished for s in self._streams.values())
 
+    def holds(self, request_id: str) -> bool:
+        """Whether the id belongs to an active request (or one whose end is not yet confirmed)."""
+        return request_id in self._streams
+
     async def wait_until_idle(self) -> None:
         await self._idle.wait()
 

@@ -71,11 +71,17 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                        context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         try:
-            request_id, streams = await self._admit(request)
+            request_id, ids, streams = await self._admit(request)
+            options = wire.stream_options(request.sampling)
         except Exception as e:
             await abort_with(context, e)
         try:
-            async for msg in parallel_sampling.responses(request_id, streams):
+            echo = options.echo
+            async for msg in parallel_sampling.responses(request_id, streams,
+                                                         options.continuous_usage):
+                if echo:
+                    wire.add_echo(msg, ids, self._loaded().tokenizer)
+                    echo = False
                 yield msg
         except Exception as e:  # the engine died mid-stream: a status, never text in a message
             await abort_with(context, e)
@@ -87,33 +93,40 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 self._sequences.pop(request_id, None)
 
     async def _admit(self, request: generate_pb2.GenerateRequest
-                     ) -> tuple[str, list[RequestStream]]:
-        """The client's request id and one stream per sequence (n of them)."""
+                     ) -> tuple[str, list[int], list[RequestStream]]:
+        """The client's request id, the prompt as run and one stream per sequence (n of them)."""
         m = self._loaded()
         request_id = wire.request_id(request)
         params = wire.sampling_params(request.sampling)
         parallel_sampling.check_n(params.n, m.config.max_n)
+        wire.check_priority(request.priority, m.config.policy)
         field, ids = wire.tokenize(request, m.tokenizer)
         if params.constraint is not None:
             # Neither the event loop nor the engine thread waits for a large schema to compile.
             await asyncio.get_running_loop().run_in_executor(
                 None, wire.compile_constraint, params, m.tokenizer, m.vocab_size)
-        if params.n == 1:
-            return request_id, [await self._add(m, request_id, ids, params, request, field)]
-        if request_id in self._sequences:
+        run = wire.prompt_as_run(ids, params)
+        # NOTE: the engine knows a request of n sequences by its children's ids ("x#0"...), so
+        # the client's id is checked against both kinds here, with no await between the check
+        # and the engine's (n = 1) or this map's (n > 1) taking of it.
+        if request_id in self._sequences or (params.n > 1 and m.engine.holds(request_id)):
             raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
                                       "active request")
+        if params.n == 1:
+            return request_id, run, [await self._add(m, request_id, ids, params, request, field)]
+        children = [child_request_id(request_id, i) for i in range(params.n)]
+        self._sequences[request_id] = children
         streams: list[RequestStream] = []
         try:
-            for i in range(params.n):
-                streams.append(await self._add(m, child_request_id(request_id, i), ids,
-                                               child_params(params, i), request, field))
+            for i, child in enumerate(children):
+                streams.append(await self._add(m, child, ids, child_params(params, i), request,
+                                               field))
         except BaseException:
+            del self._sequences[request_id]
             for stream in streams:
                 stream.close()
             raise
-        self._sequences[request_id] = [s.request_id for s in streams]
-        return request_id, streams
+        return request_id, run, streams
 
     @staticmethod
     async def _add(m: LoadedModel, request_id: str, ids: list[int], params: SamplingParams,

@@ -1,9 +1,9 @@
 """A request's n sequences as one stream of GenerateResponse messages.
 
 Each sequence is a request of its own in the engine (core/parallel_sampling.py); here their
-streams are merged as outputs arrive, each message tagged with its sequence's `index`. Usage
-goes on the stream's last message only, for the whole request: the prompt once, every
-sequence's completion tokens summed.
+streams are merged as outputs arrive, each message tagged with its sequence's `index`. Usage is
+for the whole request (the prompt once, every sequence's completion tokens summed), on the
+stream's last message only, or on every message with continuous usage.
 """
 
 from __future__ import annotations
@@ -24,30 +24,35 @@ def check_n(n: int, max_n: int) -> None:
         raise InvalidRequestError("sampling.n", f"{n} is above the server's max_n ({max_n})")
 
 
-async def responses(request_id: str, streams: Sequence[RequestStream]
+async def responses(request_id: str, streams: Sequence[RequestStream],
+                    continuous_usage: bool = False
                     ) -> AsyncIterator[generate_pb2.GenerateResponse]:
+    """With continuous_usage every message carries the usage so far, else the last one only."""
     if len(streams) == 1:  # the common case, without the merge's tasks and queue
         async for out in streams[0]:
-            yield wire.response(request_id, out)
+            yield wire.response(request_id, out, continuous_usage)
         return
-    finals: dict[int, EngineCoreOutput] = {}
+    latest: dict[int, EngineCoreOutput] = {}  # each sequence's latest output, by index
+    finished = 0
     async for index, out in _merged(streams):
         msg = wire.response(request_id, out)
         msg.index = index
-        if out.finished:
-            finals[index] = out
-            if len(finals) < len(streams):
-                msg.ClearField("usage")
-            else:
-                _total_usage(msg.usage, finals)
+        latest[index] = out
+        finished += out.finished
+        if continuous_usage or finished == len(streams):
+            _total_usage(msg.usage, latest)
+        else:
+            msg.ClearField("usage")
         yield msg
 
 
-def _total_usage(usage: generate_pb2.Usage, finals: dict[int, EngineCoreOutput]) -> None:
-    first = finals[0]  # the sequence admitted first, which prefilled the prompt
+def _total_usage(usage: generate_pb2.Usage, latest: dict[int, EngineCoreOutput]) -> None:
+    # Sequence 0 was admitted first and prefilled the prompt; until it has output, another's
+    # counts stand in (every sequence has the same prompt).
+    first = latest.get(0) or next(iter(latest.values()))
     usage.prompt_tokens = first.num_prompt_tokens
     usage.cached_tokens = first.num_cached_tokens
-    usage.completion_tokens = sum(out.num_output_tokens for out in finals.values())
+    usage.completion_tokens = sum(out.num_output_tokens for out in latest.values())
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
 
 

@@ -6,6 +6,7 @@ Every InvalidRequestError raised here names the field as the client spelled it o
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -51,6 +52,37 @@ def sampling_params(msg: generate_pb2.SamplingParams) -> SamplingParams:
         return SamplingParams(**kwargs)
     except InvalidRequestError as e:
         raise InvalidRequestError(f"sampling.{e.field}", e.message) from None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamOptions:
+    """What the client asked of the stream itself; the engine never sees these."""
+
+    echo: bool = False  # the first message carries the prompt as run
+    continuous_usage: bool = False  # every message carries the usage so far
+
+
+def stream_options(msg: generate_pb2.SamplingParams) -> StreamOptions:
+    return StreamOptions(echo=msg.echo, continuous_usage=msg.continuous_usage)
+
+
+def prompt_as_run(ids: list[int], params: SamplingParams) -> list[int]:
+    """The prompt the scheduler will run: its last truncate_prompt_tokens tokens when set."""
+    k = params.truncate_prompt_tokens
+    return ids[-k:] if k is not None else ids
+
+
+def add_echo(msg: generate_pb2.GenerateResponse, ids: list[int], tokenizer: Any) -> None:
+    msg.prompt_token_ids.extend(ids)
+    msg.prompt_text = tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def check_priority(priority: int, policy: str) -> None:
+    """A priority means something only under the priority policy; elsewhere it is refused
+    rather than silently ignored."""
+    if priority and policy != "priority":
+        raise InvalidRequestError("priority", f"{priority} needs the server's priority policy "
+                                              f"(--policy priority); it runs {policy!r}")
 
 
 def request_id(msg: generate_pb2.GenerateRequest) -> str:
@@ -131,7 +163,9 @@ def compile_constraint(params: SamplingParams, tokenizer: Any, vocab_size: int) 
         raise InvalidRequestError(f"sampling.{e.field}", e.message) from None
 
 
-def response(request_id: str, out: EngineCoreOutput) -> generate_pb2.GenerateResponse:
+def response(request_id: str, out: EngineCoreOutput, usage: bool = False
+             ) -> generate_pb2.GenerateResponse:
+    """One output as a message; usage on the last one, or on every one when `usage`."""
     msg = generate_pb2.GenerateResponse(request_id=request_id, token_ids=out.new_token_ids,
                                         text=out.new_text)
     for lp in out.prompt_logprobs or ():
@@ -150,6 +184,7 @@ def response(request_id: str, out: EngineCoreOutput) -> generate_pb2.GenerateRes
             msg.stop_string = out.stop_reason
         elif out.stop_reason is not None:
             msg.stop_token_id = out.stop_reason
+    if out.finished or usage:
         msg.usage.prompt_tokens = out.num_prompt_tokens
         msg.usage.completion_tokens = out.num_output_tokens
         msg.usage.cached_tokens = out.num_cached_tokens

@@ -6,6 +6,7 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 from batchwire.v1 import generate_pb2
 
@@ -124,3 +125,35 @@ def test_aborting_the_call_aborts_all_n(server):
     next(call)
     call.cancel()
     server.wait_idle()
+
+
+SALTED = ("A ledger of the harbour master, page forty: three schooners from the north, two "
+          "barges of grain, one steamer under repair, and a fishing fleet waiting for the tide")
+
+
+def test_cache_salt_keeps_prefix_hits_within_one_salt(server):
+    def cached(salt: str) -> int:
+        server.wait_idle()
+        before = _prefix_hits(server)
+        _, _, last, _ = collect(server.stub.Generate(R(text=SALTED, sampling=greedy(2),
+                                                       cache_salt=salt), timeout=60))
+        # The engine's own count agrees with what the client is told.
+        assert _prefix_hits(server) - before == last.usage.cached_tokens
+        assert last.usage.prompt_tokens >= 32, "the prompt must fill two blocks at least"
+        return last.usage.cached_tokens
+
+    assert cached("tenant-a") == 0
+    assert cached("tenant-b") == 0, "another salt must not hit tenant-a's blocks"
+    assert cached("") == 0, "nor must an unsalted request"
+    assert cached("tenant-a") >= 32, "the same salt hits its full blocks"
+    assert cached("") >= 32, "unsalted requests share among themselves"
+
+
+def test_priority_is_refused_by_a_server_without_the_priority_policy(server):
+    with pytest.raises(grpc.RpcError) as e:
+        list(server.stub.Generate(R(text=PROMPT, sampling=greedy(2), priority=3), timeout=30))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith("priority: 3")
+    _, _, last, _ = collect(server.stub.Generate(R(text=PROMPT, sampling=greedy(2), priority=0),
+                                                 timeout=30))
+    assert last.finish_reason == "length"
