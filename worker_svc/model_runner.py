@@ -22,6 +22,8 @@ from worker_svc.config import WorkerConfig
 from worker_svc.forward_context import set_forward_context
 from worker_svc.input_batch import CachedRequestState, InputBatch
 from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.pipeline import IntermediateTensors
+from worker_svc.pooler import Pooler
 from worker_svc.sampler import Sampler, SamplerOutput
 from worker_svc.validation import (
     InvalidStepError,
@@ -69,6 +71,11 @@ class ModelRunner:
         shared_generator.manual_seed(config.seed)
         self.sampler = Sampler(shared_generator)  # for requests that bring no seed
         self.execute_model_state: ExecuteModelState | None = None
+        self.pooler = (
+            Pooler(config.pooling_type, config.normalize, model.config.hidden_size)
+            if config.task == "embed"
+            else None
+        )
         # Buffers sized once for the largest step; each step overwrites a prefix.
         max_tokens, max_reqs = config.max_num_batched_tokens, config.max_num_reqs
         self.arange_np = np.arange(max(max_tokens, max_reqs) + 1, dtype=np.int64)
@@ -84,16 +91,19 @@ class ModelRunner:
         if self.execute_model_state is not None:
             raise RuntimeError("sample_tokens() must be called after execute_model() returns None")
         validate_scheduler_output(so, self.requests, self.limits)
+        if self.pooler is not None:
+            self.pooler.begin_step(so)
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return worker_pb2.ModelRunnerOutput()
         logits_indices, discard, metadata = self._prepare_inputs(so)
         num_tokens = so.total_num_scheduled_tokens
         with torch.inference_mode(), set_forward_context(metadata):
-            hidden = self.model(
-                self._on_device(self.input_ids[:num_tokens]),
-                self._on_device(self.positions[:num_tokens]),
-            )
+            hidden = self._run_stage(num_tokens)
+            if hidden is None:  # a stage before the last: its output went to the next stage
+                return worker_pb2.ModelRunnerOutput()
+            if self.pooler is not None:  # a pooling model answers now and parks nothing
+                return self._pooled_output(hidden, discard)
             logits = self.model.compute_logits(hidden[logits_indices])  # [num_reqs, vocab]
         self.execute_model_state = ExecuteModelState(so, logits, discard)
         return None
@@ -137,6 +147,8 @@ class ModelRunner:
         self.requests.clear()
         self.input_batch.condense()
         self.execute_model_state = None
+        if self.pooler is not None:
+            self.pooler.reset()
 
     # -- the diff ------------------------------------------------------------------------------
 
@@ -277,6 +289,47 @@ class ModelRunner:
         if self.device.type == "cpu":
             return host
         return host.to(self.device, non_blocking=True)
+
+    # -- pipeline stages and pooling -----------------------------------------------------------
+
+    def _run_stage(self, num_tokens: int) -> torch.Tensor | None:
+        """This stage's layers: hidden states (T, hidden) on the last stage; None on the others,
+        which receive the previous stage's stream (not the first) and send theirs on."""
+        stage = self.model.stage
+        intermediate = None
+        if not stage.is_first:
+            dtype = self.config.torch_dtype
+            hidden_size = self.model.config.hidden_size
+            intermediate = stage.recv_previous(num_tokens, hidden_size, dtype, self.device)
+        out = self.model(
+            self._on_device(self.input_ids[:num_tokens]),
+            self._on_device(self.positions[:num_tokens]),
+            intermediate,
+        )
+        if isinstance(out, IntermediateTensors):
+            stage.send_next(out)
+            return None
+        return out
+
+    def _pooled_output(
+        self, hidden: torch.Tensor, discard: np.ndarray
+    ) -> worker_pb2.ModelRunnerOutput:
+        """One vector per request whose input ends this step; empty entries for the others."""
+        assert self.pooler is not None
+        batch = self.input_batch
+        num_reqs = batch.num_reqs
+        req_ids = [r for r in batch.req_ids[:num_reqs] if r is not None]
+        vectors = self.pooler.pool(
+            hidden, req_ids, self.query_start_loc_np[: num_reqs + 1],
+            batch.num_computed_tokens_np[:num_reqs], ~discard,
+        )  # fmt: skip
+        out = worker_pb2.ModelRunnerOutput(req_ids=req_ids)
+        for vector in vectors:
+            out.sampled_token_ids.add()
+            entry = out.pooler_output.add()
+            if vector is not None:
+                entry.values.extend(vector.cpu().tolist())
+        return out
 
     # -- the output ----------------------------------------------------------------------------
 

@@ -71,7 +71,9 @@ async def serve(
     def on_shutdown() -> None:
         loop.call_soon_threadsafe(stop.set)
 
-    servicer = WorkerServicer(on_shutdown=on_shutdown, metrics=metrics)
+    servicer = WorkerServicer(
+        on_shutdown=on_shutdown, metrics=metrics, is_output_rank=config.rank == config.output_rank
+    )
     metrics_port = None
     if options.metrics_port is not None:
         metrics_port = metrics.serve(options.host, options.metrics_port)
@@ -123,7 +125,7 @@ async def serve(
                 options.advertise_host,
                 options.host,
                 [ports],
-                config.tensor_parallel_size,
+                config.world_size,
             )
             registration.register()
         await stop.wait()
