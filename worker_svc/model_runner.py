@@ -90,7 +90,7 @@ class ModelRunner:
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
         if self.execute_model_state is not None:
             raise RuntimeError("sample_tokens() must be called after execute_model() returns None")
-        validate_scheduler_output(so, self.requests, self.limits)
+        validate_scheduler_output(so, self.requests, self.limits, not self.model.stage.is_last)
         if self.pooler is not None:
             self.pooler.begin_step(so)
         self._update_states(so)
@@ -167,6 +167,8 @@ class ModelRunner:
         scheduled.difference_update(cached.resumed_req_ids)
         for req_id in batch.req_id_to_index.keys() - scheduled:
             batch.remove_request(req_id)
+        if not self.model.stage.is_last:
+            self._append_new_tokens(so)
 
         to_add: list[CachedRequestState] = []
         for new in so.scheduled_new_reqs:
@@ -212,6 +214,17 @@ class ModelRunner:
         for state in to_add:
             batch.add_request(state)
         batch.condense()
+
+    def _append_new_tokens(self, so: worker_pb2.SchedulerOutput) -> None:
+        """A stage before the last samples nothing: the scheduler sends it the tokens sampled."""
+        batch = self.input_batch
+        cached = so.scheduled_cached_reqs
+        for req_id, tokens in zip(cached.req_ids, so.cached_new_token_ids, strict=True):
+            self.requests[req_id].output_token_ids.extend(tokens.ids)
+            row = batch.req_id_to_index.get(req_id)
+            if row is not None:  # else the row is rebuilt from the state when it is re-added
+                for token in tokens.ids:
+                    batch.append_token(row, token)
 
     def _generator(
         self, sampling: worker_pb2.RequestSamplingParams, num_drawn: int

@@ -40,8 +40,7 @@ def allocate_kv_cache(model: LlamaForCausalLM, config: WorkerConfig) -> int:
         )
     cfg = model.config
     shape = (num_blocks, config.block_size, model.plan.num_kv_heads, cfg.head_dim)
-    for layer in model.layers.values():
-        attn = layer.self_attn
+    for attn in model.attention_layers():
         attn.k_cache = kv_cache_zeros(*shape, config.torch_dtype, config.device)
         attn.v_cache = kv_cache_zeros(*shape, config.torch_dtype, config.device)
     return int(num_blocks)

@@ -8,6 +8,8 @@ first stage, the final norm and the LM head on the last.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -159,6 +161,10 @@ class LlamaForCausalLM(nn.Module):
         embed, head = self.embed_tokens, self.lm_head
         if self.config.tie_word_embeddings and embed is not None and head is not None:
             head.weight = embed.weight
+
+    def attention_layers(self) -> list[Attention]:
+        """This stage's attention modules in layer order; each holds its layer's KV cache."""
+        return [cast(DecoderLayer, layer).self_attn for layer in self.layers.values()]
 
     def init_rotary(self, device: torch.device | str) -> None:
         # A plain attribute, not a buffer, so model.to(bfloat16) leaves it in float32: rotary
