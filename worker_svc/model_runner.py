@@ -14,11 +14,11 @@ import dataclasses
 
 import numpy as np
 import torch
+from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2
 
 import kernels
 from kernels import AttentionMetadata
-from worker_svc.config import WorkerConfig
 from worker_svc.forward_context import set_forward_context
 from worker_svc.input_batch import CachedRequestState, InputBatch
 from worker_svc.models.llama import LlamaForCausalLM
@@ -27,6 +27,7 @@ from worker_svc.pooler import Pooler
 from worker_svc.sampler import Sampler, SamplerOutput
 from worker_svc.validation import (
     InvalidStepError,
+    StepLimits,
     validate_grammar_output,
     validate_scheduler_output,
 )
@@ -39,17 +40,6 @@ class ExecuteModelState:
     scheduler_output: worker_pb2.SchedulerOutput
     logits: torch.Tensor  # [num_reqs, vocab] float32, one row per request in batch order
     discard: np.ndarray  # [num_reqs] bool: rows still mid-prefill, whose samples are dropped
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StepLimits:
-    vocab_size: int
-    num_blocks: int
-    block_size: int
-    max_model_len: int
-    max_num_reqs: int
-    max_num_batched_tokens: int
-    max_logprobs: int
 
 
 class ModelRunner:
@@ -85,7 +75,6 @@ class ModelRunner:
         self.query_start_loc_np = np.zeros(max_reqs + 1, dtype=np.int32)  # [reqs + 1]
         self.seq_lens_np = np.zeros(max_reqs, dtype=np.int32)  # [reqs]
 
-    # -- the two calls ---------------------------------------------------------------------------
 
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
         if self.execute_model_state is not None:
@@ -150,7 +139,6 @@ class ModelRunner:
         if self.pooler is not None:
             self.pooler.reset()
 
-    # -- the diff ------------------------------------------------------------------------------
 
     def _update_states(self, so: worker_pb2.SchedulerOutput) -> None:
         batch = self.input_batch
@@ -238,7 +226,6 @@ class ModelRunner:
             self.sampler.skip_draws(generator, self.vocab_size, num_drawn)
         return generator
 
-    # -- the layout ----------------------------------------------------------------------------
 
     def _num_scheduled_per_row(self, so: worker_pb2.SchedulerOutput) -> np.ndarray:
         batch = self.input_batch
@@ -303,15 +290,13 @@ class ModelRunner:
             return host
         return host.to(self.device, non_blocking=True)
 
-    # -- pipeline stages and pooling -----------------------------------------------------------
-
     def _run_stage(self, num_tokens: int) -> torch.Tensor | None:
         """This stage's layers: hidden states (T, hidden) on the last stage; None on the others,
         which receive the previous stage's stream (not the first) and send theirs on."""
         stage = self.model.stage
         intermediate = None
         if not stage.is_first:
-            dtype = self.config.torch_dtype
+            dtype = getattr(torch, self.config.dtype)
             hidden_size = self.model.config.hidden_size
             intermediate = stage.recv_previous(num_tokens, hidden_size, dtype, self.device)
         out = self.model(
@@ -344,7 +329,6 @@ class ModelRunner:
                 entry.values.extend(vector.cpu().tolist())
         return out
 
-    # -- the output ----------------------------------------------------------------------------
 
     def _record_sampled(
         self, sampled: SamplerOutput, discard: np.ndarray

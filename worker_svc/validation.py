@@ -5,6 +5,7 @@ A bad SchedulerOutput or GrammarOutput is refused whole, so the persistent batch
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -22,7 +23,10 @@ class _KnownRequest(Protocol):
     block_ids: list[int]
 
 
-class StepLimits(Protocol):
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepLimits:
+    """What a step may ask of this runner: its vocabulary, KV pool and batch sizes."""
+
     vocab_size: int
     num_blocks: int
     block_size: int

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 
 import torch
+from batchwire.common.model_files import model_name, resolve_model_path
+from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2
 
 from kernels.kv_cache import kv_cache_zeros
-from worker_svc.config import WorkerConfig
 from worker_svc.loaders.weights import load_model
-from worker_svc.model_files import model_name, resolve_model_path
 from worker_svc.model_runner import ModelRunner
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.parallel import init_distributed
@@ -20,7 +20,7 @@ logger = logging.getLogger(__name__)
 
 def kv_cache_block_bytes(model: LlamaForCausalLM, config: WorkerConfig) -> int:
     cfg = model.config
-    element = torch.empty(0, dtype=config.torch_dtype).element_size()
+    element = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
     # Sized by the largest rank share, so every rank of an uneven split has the same block count.
     kv_heads = -(-cfg.num_kv_heads // model.tp.size)
     # A pipeline stage caches its own layers only: stages of unequal depth get different counts.
@@ -41,8 +41,8 @@ def allocate_kv_cache(model: LlamaForCausalLM, config: WorkerConfig) -> int:
     cfg = model.config
     shape = (num_blocks, config.block_size, model.plan.num_kv_heads, cfg.head_dim)
     for attn in model.attention_layers():
-        attn.k_cache = kv_cache_zeros(*shape, config.torch_dtype, config.device)
-        attn.v_cache = kv_cache_zeros(*shape, config.torch_dtype, config.device)
+        attn.k_cache = kv_cache_zeros(*shape, getattr(torch, config.dtype), config.device)
+        attn.v_cache = kv_cache_zeros(*shape, getattr(torch, config.dtype), config.device)
     return int(num_blocks)
 
 
@@ -59,7 +59,7 @@ class Worker:
         )
         self.model = load_model(
             self.model_path,
-            config.torch_dtype,
+            getattr(torch, config.dtype),
             config.device,
             config.max_model_len,
             self.tp,

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
+from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2 as pb
 
-from worker_svc.config import WorkerConfig
 from worker_svc.worker import Worker
 
 from .conftest import LIMITS, WireClient

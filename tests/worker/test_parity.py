@@ -77,3 +77,13 @@ def test_default_model_greedy_parity(default_worker, hf_default_model, default_t
     print("\n".join(notes))
     # A near-tie may excuse a prompt or two, not most of them.
     assert len(notes) <= 2, notes
+
+
+def test_a_bfloat16_worker_loads_and_steps_on_any_cpu(tiny_checkpoints):
+    """bf16 is the default dtype: it must load on a CPU whose oneDNN lacks a bf16 path too (the
+    packed linears are then skipped, see models/packed_linear.py)."""
+    worker = tiny_worker(tiny_checkpoints["llama"], dtype="bfloat16")
+    assert worker.get_info().dtype == "bfloat16"
+    driver = StepDriver(worker.runner, worker.num_blocks, 16, chunk=64)
+    driver.add("a", TINY_PROMPTS["a"], 4, greedy())
+    assert len(driver.run()["a"]) == 4

@@ -93,8 +93,8 @@ class GroupMember:
 
 def run_rank(model, rank, pp, tp, init_method, results):
     import torch
+    from batchwire.common.worker_config import WorkerConfig
 
-    from worker_svc.config import WorkerConfig
     from worker_svc.server.servicer import WorkerCallError, WorkerServicer
     from worker_svc.worker import Worker
 

@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2 as pb
 
 from tests.worker.conftest import tiny_worker
 from tests.worker.step_driver import StepDriver
-from worker_svc.config import WorkerConfig
 from worker_svc.model_runner import ModelRunner
 from worker_svc.validation import InvalidStepError
 from worker_svc.worker import Worker
