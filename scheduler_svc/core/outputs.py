@@ -26,6 +26,7 @@ class EngineCoreOutput:
     num_output_tokens: int = 0
     new_logprobs: list[TokenLogprobs] | None = None
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
+    embedding: list[float] | None = None  # [hidden or dimensions]: an embedding request's vector
 
 
 @dataclasses.dataclass(slots=True)
@@ -40,6 +41,7 @@ class RequestOutput:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprobs] | None = None
+    embedding: list[float] | None = None  # LLM.embed's vector
 
     @property
     def finished(self) -> bool:

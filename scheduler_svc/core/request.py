@@ -6,6 +6,7 @@ import enum
 import time
 
 from scheduler_svc.core.detokenizer import IncrementalDetokenizer
+from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.structured_output import RequestGrammar
 
@@ -43,6 +44,7 @@ class Request:
         "arrival_time", "priority", "cache_salt", "status", "stop_reason", "all_token_ids",
         "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "block_hashes",
         "detokenizer", "stop_ids", "max_num_tokens", "num_cached_tokens", "grammar",
+        "pooling", "num_sent_tokens",
     )
 
     def __init__(
@@ -80,6 +82,10 @@ class Request:
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks, grown lazily
         self.detokenizer = detokenizer
         self.grammar: RequestGrammar | None = None  # the matcher of a constrained request
+        self.pooling: PoolingParams | None = None  # set on an embedding request
+        # Tokens the workers have been sent (prompt, then output): with pipeline stages, the
+        # stages before the last learn each later token from the scheduler.
+        self.num_sent_tokens = 0
         # A token outside stop_ids with fewer than max_num_tokens tokens cannot end the request:
         # the per-token test on the hot path, before the full stop rules.
         self.stop_ids = frozenset(sampling_params.stop_token_ids) | (

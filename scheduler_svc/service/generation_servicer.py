@@ -17,9 +17,10 @@ import grpc
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.core.errors import InvalidRequestError, WrongTaskError
 from scheduler_svc.engine.async_engine import AsyncEngine, RequestStream
 from scheduler_svc.service import wire
+from scheduler_svc.service.embed import embed
 from scheduler_svc.service.status_codes import NotReadyError, abort_with
 
 SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
@@ -47,6 +48,9 @@ class LoadedModel:
     dtype: str
     transport: str
     workers: Callable[[], list[Any]]  # the worker groups now, as server.WorkerView
+    task: str = "generate"  # what the workers serve: "generate" or "embed"
+    pooling_type: str = ""  # on an embedding server
+    hidden_size: int = 0  # an embedding's length without `dimensions`
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
@@ -81,6 +85,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     async def _admit(self, request: generate_pb2.GenerateRequest) -> RequestStream:
         m = self._loaded()
+        if m.task != "generate":
+            if request.HasField("sampling"):  # a generation field: name it
+                raise InvalidRequestError("sampling", f"this server runs a {m.task!r} model, "
+                                                      "which samples nothing; use Embed")
+            raise WrongTaskError(f"Generate: this server runs a {m.task!r} model; use Embed")
         request_id = wire.request_id(request)
         params = wire.sampling_params(request.sampling)
         field, ids = wire.tokenize(request, m.tokenizer)
@@ -94,6 +103,14 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                                               cache_salt=request.cache_salt or None)
         except InvalidRequestError as e:
             raise wire.admission_error(e, field) from None
+
+    async def Embed(self, request: generate_pb2.EmbedRequest,
+                    context: grpc.aio.ServicerContext) -> generate_pb2.EmbedResponse:
+        try:
+            m = self._loaded()
+            return await embed(m.engine, m.tokenizer, m.task, request)
+        except Exception as e:
+            await abort_with(context, e)
 
     async def Abort(self, request: generate_pb2.AbortRequest,
                     context: grpc.aio.ServicerContext) -> generate_pb2.AbortResponse:
@@ -113,7 +130,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         info = generate_pb2.GetModelInfoResponse(
             model_name=m.model_name, max_model_len=m.max_model_len, vocab_size=m.vocab_size,
             eos_token_ids=m.eos_token_ids, has_chat_template=bool(m.tokenizer.chat_template),
-            dtype=m.dtype)
+            dtype=m.dtype, task=m.task, pooling_type=m.pooling_type,
+            embedding_size=m.hidden_size if m.task == "embed" else 0)
         bos = getattr(m.tokenizer, "bos_token_id", None)
         if bos is not None:
             info.bos_token_id = bos
