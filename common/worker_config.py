@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 
 DTYPES = ("bfloat16", "float16", "float32")
+TASKS = ("generate", "embed")
+POOLING_TYPES = ("last", "mean", "cls")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -26,9 +28,17 @@ class WorkerConfig:
     max_logprobs: int = 20
     seed: int = 0  # seeds the generator of requests that bring no seed of their own
     attention_backend: str = "auto"  # "auto" (Triton on CUDA, torch on CPU), "torch", "triton"
-    tensor_parallel_size: int = 1  # ranks that shard this model together
-    rank: int = 0  # this worker's rank in its tensor-parallel group
+    tensor_parallel_size: int = 1  # ranks that shard each pipeline stage's layers together
+    pipeline_parallel_size: int = 1  # stages the layers are split into, one after the other
+    # This worker's global rank in the group of pipeline x tensor ranks: stage-major, so the
+    # ranks of one stage are neighbours (rank = pp_rank * tensor_parallel_size + tp_rank).
+    rank: int = 0
     distributed_init_method: str = "tcp://127.0.0.1:29500"  # rendezvous of the group's ranks
+    task: str = "generate"  # "generate" samples tokens; "embed" returns pooled hidden states
+    # A causal model's last token is the only one that has seen the whole input, so "last" is
+    # what decoder embedding models use; it also needs no state across prefill chunks.
+    pooling_type: str = "last"
+    normalize: bool = True  # L2-normalise pooled vectors (cosine similarity = dot product)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -36,10 +46,19 @@ class WorkerConfig:
         for name in ("block_size", "max_num_reqs", "max_model_len", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not 0 <= self.rank < self.tensor_parallel_size:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.rank < self.world_size:
             raise ValueError(
-                f"rank must be in [0, tensor_parallel_size={self.tensor_parallel_size}), "
-                f"got {self.rank}"
+                f"rank must be in [0, pipeline_parallel_size x tensor_parallel_size = "
+                f"{self.world_size}), got {self.rank}"
+            )
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.pooling_type not in POOLING_TYPES:
+            raise ValueError(
+                f"pooling_type must be one of {POOLING_TYPES}, got {self.pooling_type!r}"
             )
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError(
@@ -49,6 +68,23 @@ class WorkerConfig:
             raise ValueError(
                 f"attention_backend must be auto, torch or triton, got {self.attention_backend!r}"
             )
+
+    @property
+    def world_size(self) -> int:
+        return self.pipeline_parallel_size * self.tensor_parallel_size
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // self.tensor_parallel_size
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tensor_parallel_size
+
+    @property
+    def output_rank(self) -> int:
+        """TP rank 0 of the last stage: the one rank whose replies carry the step's output."""
+        return (self.pipeline_parallel_size - 1) * self.tensor_parallel_size
 
     @property
     def max_num_blocks_per_req(self) -> int:
@@ -66,6 +102,9 @@ class WorkerConfig:
             "--max-num-batched-tokens", str(self.max_num_batched_tokens),
             "--max-logprobs", str(self.max_logprobs), "--seed", str(self.seed),
             "--tensor-parallel-size", str(self.tensor_parallel_size),
+            "--pipeline-parallel-size", str(self.pipeline_parallel_size),
+            "--task", self.task, "--pooling-type", self.pooling_type,
+            "--normalize" if self.normalize else "--no-normalize",
         ]
         if self.model is not None:
             argv += ["--model", self.model]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from batchwire.common.tls import ClientTls
-from batchwire.common.worker_config import WorkerConfig
+from batchwire.common.worker_config import POOLING_TYPES, TASKS, WorkerConfig
 
 POLICIES = ("fcfs", "priority")
 
@@ -25,7 +25,13 @@ class SchedulerConfig:
     # the transport's port, comma-separated in rank order. Empty: remote executors start one
     # local group of tensor_parallel_size ranks themselves.
     worker_addresses: tuple[str, ...] = ()
-    tensor_parallel_size: int = 1  # ranks of a locally started worker group
+    tensor_parallel_size: int = 1  # ranks of each pipeline stage of a locally started group
+    pipeline_parallel_size: int = 1  # stages of a locally started group (P x T ranks in all)
+    # What a locally started group serves: "generate", or "embed" (pooled hidden states). Remote
+    # workers report their own task, and the scheduler serves that one.
+    task: str = "generate"
+    pooling_type: str = "last"  # "last", "mean" or "cls" (embed only)
+    normalize: bool = True  # L2-normalise embeddings unless a request says otherwise
     worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
     worker_heartbeat_s: float = 1.0  # liveness probe period; 3 missed probes = a failed worker
     # TLS (mutual with a client certificate) on the gRPC links to workers; ZMQ has none.
@@ -54,9 +60,14 @@ class SchedulerConfig:
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0, "
                              f"got {self.long_prefill_token_threshold}")
-        if self.tensor_parallel_size < 1:
-            raise ValueError("tensor_parallel_size must be at least 1, "
-                             f"got {self.tensor_parallel_size}")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {self.task!r}")
+        if self.pooling_type not in POOLING_TYPES:
+            raise ValueError(f"pooling_type must be one of {POOLING_TYPES}, "
+                             f"got {self.pooling_type!r}")
         if self.worker_rpc_timeout_s <= 0 or self.worker_heartbeat_s <= 0:
             raise ValueError("worker_rpc_timeout_s and worker_heartbeat_s must be positive, got "
                              f"{self.worker_rpc_timeout_s} and {self.worker_heartbeat_s}")
@@ -77,6 +88,11 @@ class SchedulerConfig:
                              f"({self.max_num_batched_tokens}) must be at least max_model_len "
                              f"({self.max_model_len})")
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of a locally started worker group."""
+        return self.pipeline_parallel_size * self.tensor_parallel_size
+
     def worker_config(self) -> WorkerConfig:
         """The settings of an in-process worker that matches this scheduler."""
         return WorkerConfig(
@@ -90,4 +106,8 @@ class SchedulerConfig:
             max_logprobs=self.max_logprobs,
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            task=self.task,
+            pooling_type=self.pooling_type,
+            normalize=self.normalize,
         )

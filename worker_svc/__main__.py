@@ -1,7 +1,8 @@
-"""`python -m worker_svc` (also `batchwire worker`): one worker, or a tensor-parallel group of them.
+"""`python -m worker_svc` (also `batchwire worker`): one worker, or a parallel group of them.
 
-With --tensor-parallel-size N and no --rank, this process starts the N ranks as child processes
-(rank r on the given ports + 2r) and watches them; with --rank it is that one rank.
+With --pipeline-parallel-size P and/or --tensor-parallel-size T and no --rank, this process starts
+the P x T ranks as child processes (rank r on the given ports + 2r) and watches them; with --rank
+it is that one rank. Ranks are numbered stage-major: rank = pp_rank * T + tp_rank.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import sys
 
 from batchwire.common.sizes import byte_size
-from batchwire.common.worker_config import DTYPES, WorkerConfig
+from batchwire.common.worker_config import DTYPES, POOLING_TYPES, TASKS, WorkerConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
 
@@ -71,18 +72,46 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
             default=int(_env(name, _DEFAULTS[name])),
             help=f"{help_text} (default: %(default)s)",
         )
-    tp = p.add_argument_group("tensor parallel")
+    model.add_argument(
+        "--task",
+        choices=TASKS,
+        default=_env("task", _DEFAULTS["task"]),
+        help="generate: sample tokens; embed: answer each input with its pooled final hidden "
+        "states (default: %(default)s)",
+    )
+    model.add_argument(
+        "--pooling-type",
+        choices=POOLING_TYPES,
+        default=_env("pooling_type", _DEFAULTS["pooling_type"]),
+        help="with --task embed: the last token's state (the one that saw the whole input), the "
+        "mean over the input, or the first token's (default: %(default)s)",
+    )
+    model.add_argument(
+        "--normalize",
+        action=argparse.BooleanOptionalAction,
+        default=str(_env("normalize", "true")).lower() in ("1", "true", "yes", "on"),
+        help="L2-normalise pooled vectors unless a request says otherwise (default: on)",
+    )
+    tp = p.add_argument_group("tensor and pipeline parallel")
     tp.add_argument(
         "--tensor-parallel-size",
         type=int,
         default=int(_env("tensor_parallel_size", 1)),
-        help="ranks that shard the model; without --rank all are started here",
+        help="ranks that shard each stage's layers; without --rank all are started here",
+    )
+    tp.add_argument(
+        "--pipeline-parallel-size",
+        type=int,
+        default=int(_env("pipeline_parallel_size", 1)),
+        help="stages the layers are split into, each of --tensor-parallel-size ranks; "
+        "without --rank all are started here",
     )
     tp.add_argument(
         "--rank",
         type=int,
         default=_env("rank", None),
-        help="serve only this rank of the group (ranks started one by one)",
+        help="serve only this global rank of the group, pp_rank * tensor-parallel-size + "
+        "tp_rank (ranks started one by one)",
     )
     tp.add_argument(
         "--distributed-init-method",
@@ -185,8 +214,12 @@ def worker_config(
         max_logprobs=args.max_logprobs,
         seed=args.seed,
         tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
         rank=rank,
         distributed_init_method=init_method or _DEFAULTS["distributed_init_method"],
+        task=args.task,
+        pooling_type=args.pooling_type,
+        normalize=args.normalize,
     )
 
 
@@ -195,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if args.tensor_parallel_size > 1 and args.rank is None:
+    if args.tensor_parallel_size * args.pipeline_parallel_size > 1 and args.rank is None:
         from worker_svc.server.tp_group import run_group
 
         return run_group(args, argv if argv is not None else sys.argv[1:])

@@ -22,6 +22,8 @@ from kernels import AttentionMetadata
 from worker_svc.forward_context import set_forward_context
 from worker_svc.input_batch import CachedRequestState, InputBatch
 from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.pipeline import IntermediateTensors
+from worker_svc.pooler import Pooler
 from worker_svc.prompt_logprobs import attach_prompt_logprobs, compute_prompt_logprobs
 from worker_svc.sampler import Sampler, SamplerOutput
 from worker_svc.validation import (
@@ -62,6 +64,11 @@ class ModelRunner:
         self.sampler = Sampler(shared_generator)  # for requests that bring no seed
         self.execute_model_state: ExecuteModelState | None = None
         self.prompt_logprobs_reqs: set[str] = set()  # held requests that asked for them
+        self.pooler = (
+            Pooler(config.pooling_type, config.normalize, model.config.hidden_size)
+            if config.task == "embed"
+            else None
+        )
         # Buffers sized once for the largest step; each step overwrites a prefix.
         max_tokens, max_reqs = config.max_num_batched_tokens, config.max_num_reqs
         self.arange_np = np.arange(max(max_tokens, max_reqs) + 1, dtype=np.int64)
@@ -75,17 +82,20 @@ class ModelRunner:
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
         if self.execute_model_state is not None:
             raise RuntimeError("sample_tokens() must be called after execute_model() returns None")
-        validate_scheduler_output(so, self.requests, self.limits)
+        validate_scheduler_output(so, self.requests, self.limits, not self.model.stage.is_last)
+        if self.pooler is not None:
+            self.pooler.begin_step(so)
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return worker_pb2.ModelRunnerOutput()
         logits_indices, discard, metadata = self._prepare_inputs(so)
         num_tokens = so.total_num_scheduled_tokens
         with torch.inference_mode(), set_forward_context(metadata):
-            hidden = self.model(
-                self._on_device(self.input_ids[:num_tokens]),
-                self._on_device(self.positions[:num_tokens]),
-            )
+            hidden = self._run_stage(num_tokens)
+            if hidden is None:  # a stage before the last: its output went to the next stage
+                return worker_pb2.ModelRunnerOutput()
+            if self.pooler is not None:  # a pooling model answers now and parks nothing
+                return self._pooled_output(hidden, discard)
             logits = self.model.compute_logits(hidden[logits_indices])  # [num_reqs, vocab]
             prompt_logprobs = {}
             if self.prompt_logprobs_reqs:
@@ -140,6 +150,8 @@ class ModelRunner:
         self.prompt_logprobs_reqs.clear()
         self.input_batch.condense()
         self.execute_model_state = None
+        if self.pooler is not None:
+            self.pooler.reset()
 
 
     def _update_states(self, so: worker_pb2.SchedulerOutput) -> None:
@@ -158,6 +170,8 @@ class ModelRunner:
         scheduled.difference_update(cached.resumed_req_ids)
         for req_id in batch.req_id_to_index.keys() - scheduled:
             batch.remove_request(req_id)
+        if not self.model.stage.is_last:
+            self._append_new_tokens(so)
 
         to_add: list[CachedRequestState] = []
         for new in so.scheduled_new_reqs:
@@ -205,6 +219,17 @@ class ModelRunner:
         for state in to_add:
             batch.add_request(state)
         batch.condense()
+
+    def _append_new_tokens(self, so: worker_pb2.SchedulerOutput) -> None:
+        """A stage before the last samples nothing: the scheduler sends it the tokens sampled."""
+        batch = self.input_batch
+        cached = so.scheduled_cached_reqs
+        for req_id, tokens in zip(cached.req_ids, so.cached_new_token_ids, strict=True):
+            self.requests[req_id].output_token_ids.extend(tokens.ids)
+            row = batch.req_id_to_index.get(req_id)
+            if row is not None:  # else the row is rebuilt from the state when it is re-added
+                for token in tokens.ids:
+                    batch.append_token(row, token)
 
     def _generator(
         self, sampling: worker_pb2.RequestSamplingParams, num_drawn: int
@@ -281,6 +306,45 @@ class ModelRunner:
         if self.device.type == "cpu":
             return host
         return host.to(self.device, non_blocking=True)
+
+    def _run_stage(self, num_tokens: int) -> torch.Tensor | None:
+        """This stage's layers: hidden states (T, hidden) on the last stage; None on the others,
+        which receive the previous stage's stream (not the first) and send theirs on."""
+        stage = self.model.stage
+        intermediate = None
+        if not stage.is_first:
+            dtype = getattr(torch, self.config.dtype)
+            hidden_size = self.model.config.hidden_size
+            intermediate = stage.recv_previous(num_tokens, hidden_size, dtype, self.device)
+        out = self.model(
+            self._on_device(self.input_ids[:num_tokens]),
+            self._on_device(self.positions[:num_tokens]),
+            intermediate,
+        )
+        if isinstance(out, IntermediateTensors):
+            stage.send_next(out)
+            return None
+        return out
+
+    def _pooled_output(
+        self, hidden: torch.Tensor, discard: np.ndarray
+    ) -> worker_pb2.ModelRunnerOutput:
+        """One vector per request whose input ends this step; empty entries for the others."""
+        assert self.pooler is not None
+        batch = self.input_batch
+        num_reqs = batch.num_reqs
+        req_ids = [r for r in batch.req_ids[:num_reqs] if r is not None]
+        vectors = self.pooler.pool(
+            hidden, req_ids, self.query_start_loc_np[: num_reqs + 1],
+            batch.num_computed_tokens_np[:num_reqs], ~discard,
+        )  # fmt: skip
+        out = worker_pb2.ModelRunnerOutput(req_ids=req_ids)
+        for vector in vectors:
+            out.sampled_token_ids.add()
+            entry = out.pooler_output.add()
+            if vector is not None:
+                entry.values.extend(vector.cpu().tolist())
+        return out
 
 
     def _record_sampled(

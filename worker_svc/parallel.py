@@ -1,5 +1,9 @@
 """Tensor parallelism: which slice of each weight a rank holds, and the collectives that join them.
 
+Under pipeline parallelism each stage is a tensor-parallel group of its own (its ranks are
+neighbours in the global numbering, rank = pp_rank * T + tp_rank); the stages' hand-offs are in
+worker_svc/pipeline.py.
+
 Heads are split by KV head, each KV head taking its group of query heads along, so a model whose
 head counts do not divide by the group size (SmolLM2: 9 query / 3 KV heads at TP=2) still shards:
 ranks get 2 and 1 KV heads. The MLP's intermediate dimension and the vocabulary split the same
@@ -9,6 +13,7 @@ way, as evenly as they go. The KV cache is sharded with the KV heads.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,8 +30,10 @@ def split_range(n: int, rank: int, size: int) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class TensorParallel:
-    rank: int = 0
+    rank: int = 0  # within this stage
     size: int = 1
+    # The stage's ProcessGroup; None = the default group, which is the stage when there is one.
+    group: Any = dataclasses.field(default=None, compare=False)
 
     @property
     def enabled(self) -> bool:
@@ -35,7 +42,7 @@ class TensorParallel:
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sums the partial results of a row-parallel layer across ranks, in place."""
         if self.enabled:
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=self.group)
         return x
 
     def all_gather_last_dim(self, x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -45,16 +52,30 @@ class TensorParallel:
         width = max(sizes)
         padded = torch.nn.functional.pad(x, (0, width - x.shape[-1])).contiguous()
         parts = [torch.empty_like(padded) for _ in range(self.size)]
-        dist.all_gather(parts, padded)
+        dist.all_gather(parts, padded, group=self.group)
         return torch.cat([p[..., :n] for p, n in zip(parts, sizes, strict=True)], dim=-1)
 
 
-def init_distributed(tp: TensorParallel, init_method: str, device: str) -> None:
-    """Joins the rank's process group: gloo on CPU, NCCL on CUDA."""
-    if not tp.enabled or dist.is_initialized():
-        return
-    backend = "nccl" if device.startswith("cuda") else "gloo"
-    dist.init_process_group(backend, init_method=init_method, world_size=tp.size, rank=tp.rank)
+def init_distributed(
+    rank: int, tp_size: int, pp_size: int, init_method: str, device: str
+) -> TensorParallel:
+    """Joins the group of all pp_size x tp_size ranks (gloo on CPU, NCCL on CUDA) and returns
+    this rank's tensor-parallel group: the ranks of its stage."""
+    world_size = tp_size * pp_size
+    if world_size == 1:
+        return TensorParallel()
+    if not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend, init_method=init_method, world_size=world_size, rank=rank)
+    group = None
+    if pp_size > 1 and tp_size > 1:
+        # new_group() is collective: every rank creates every stage's group, in the same order.
+        for stage in range(pp_size):
+            ranks = list(range(stage * tp_size, (stage + 1) * tp_size))
+            created = dist.new_group(ranks)
+            if rank in ranks:
+                group = created
+    return TensorParallel(rank % tp_size, tp_size, group)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

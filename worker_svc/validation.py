@@ -40,7 +40,10 @@ def validate_scheduler_output(
     so: worker_pb2.SchedulerOutput,
     requests: Mapping[str, _KnownRequest],
     limits: StepLimits,
+    appends_new_tokens: bool = False,
 ) -> None:
+    """`appends_new_tokens`: this rank learns sampled tokens from cached_new_token_ids (a
+    pipeline stage before the last), so a cached request holds that many more tokens."""
     finished = set(so.finished_req_ids)
     seen: set[str] = set()
     total = 0
@@ -90,6 +93,12 @@ def validate_scheduler_output(
                 f"scheduled_cached_reqs.{field} has {len(getattr(cached, field))} entries "
                 f"for {n} req_ids"
             )
+    new_tokens = so.cached_new_token_ids
+    if (new_tokens or appends_new_tokens) and len(new_tokens) != n:
+        raise InvalidStepError(
+            f"cached_new_token_ids has {len(new_tokens)} entries for {n} req_ids"
+            + (" (a pipeline stage before the last needs one per request)" * appends_new_tokens)
+        )
     resumed = set(cached.resumed_req_ids)
     if not resumed <= set(cached.req_ids):
         raise InvalidStepError(
@@ -103,13 +112,15 @@ def validate_scheduler_output(
             raise InvalidStepError(f"{where} is unknown to this worker")
         new_blocks = cached.new_block_ids[i].ids
         _check_blocks(new_blocks, limits, where)
+        num_tokens = state.num_tokens
+        if appends_new_tokens and new_tokens:
+            _check_tokens(new_tokens[i].ids, limits.vocab_size, where)
+            num_tokens += len(new_tokens[i].ids)
         _check_counts(
-            cached.num_computed_tokens[i], cached.num_scheduled_tokens[i], state.num_tokens, where
+            cached.num_computed_tokens[i], cached.num_scheduled_tokens[i], num_tokens, where
         )
-        will_sample = (
-            cached.num_computed_tokens[i] + cached.num_scheduled_tokens[i] == state.num_tokens
-        )
-        if will_sample and state.num_tokens >= limits.max_model_len:
+        will_sample = cached.num_computed_tokens[i] + cached.num_scheduled_tokens[i] == num_tokens
+        if will_sample and num_tokens >= limits.max_model_len:
             raise InvalidStepError(
                 f"{where} already holds max_model_len={limits.max_model_len} tokens"
             )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import cast
 
 import torch
 from batchwire.common.model_files import model_name, resolve_model_path
@@ -13,8 +12,8 @@ from batchwire.v1 import worker_pb2
 from kernels.kv_cache import kv_cache_zeros
 from worker_svc.loaders.weights import load_model
 from worker_svc.model_runner import ModelRunner
-from worker_svc.models.llama import Attention, LlamaForCausalLM
-from worker_svc.parallel import TensorParallel, init_distributed
+from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.parallel import init_distributed
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +23,9 @@ def kv_cache_block_bytes(model: LlamaForCausalLM, config: WorkerConfig) -> int:
     element = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
     # Sized by the largest rank share, so every rank of an uneven split has the same block count.
     kv_heads = -(-cfg.num_kv_heads // model.tp.size)
-    return 2 * cfg.num_layers * config.block_size * kv_heads * cfg.head_dim * element
+    # A pipeline stage caches its own layers only: stages of unequal depth get different counts.
+    num_layers = model.stage.num_layers
+    return 2 * num_layers * config.block_size * kv_heads * cfg.head_dim * element
 
 
 def allocate_kv_cache(model: LlamaForCausalLM, config: WorkerConfig) -> int:
@@ -39,8 +40,7 @@ def allocate_kv_cache(model: LlamaForCausalLM, config: WorkerConfig) -> int:
         )
     cfg = model.config
     shape = (num_blocks, config.block_size, model.plan.num_kv_heads, cfg.head_dim)
-    for layer in model.layers:
-        attn = cast(Attention, layer.self_attn)
+    for attn in model.attention_layers():
         attn.k_cache = kv_cache_zeros(*shape, getattr(torch, config.dtype), config.device)
         attn.v_cache = kv_cache_zeros(*shape, getattr(torch, config.dtype), config.device)
     return int(num_blocks)
@@ -50,17 +50,27 @@ class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
         self.model_path = resolve_model_path(config.model)
-        self.tp = TensorParallel(config.rank, config.tensor_parallel_size)
-        init_distributed(self.tp, config.distributed_init_method, config.device)
+        self.tp = init_distributed(
+            config.rank,
+            config.tensor_parallel_size,
+            config.pipeline_parallel_size,
+            config.distributed_init_method,
+            config.device,
+        )
         self.model = load_model(
-            self.model_path, getattr(torch, config.dtype), config.device, config.max_model_len,
+            self.model_path,
+            getattr(torch, config.dtype),
+            config.device,
+            config.max_model_len,
             self.tp,
+            (config.pp_rank, config.pipeline_parallel_size),
         )
         self.num_blocks = allocate_kv_cache(self.model, config)
         self.runner = ModelRunner(config, self.model, self.num_blocks)
         logger.info(
-            "worker ready: %s, %d KV blocks of %d",
+            "worker ready: %s, layers [%d, %d), %d KV blocks of %d",
             self.model_path,
+            *self.model.stage.layers,
             self.num_blocks,
             config.block_size,
         )
@@ -76,10 +86,23 @@ class Worker:
             dtype=self.config.dtype,
             device=self.config.device,
             tensor_parallel_size=self.tp.size,
-            rank=self.tp.rank,
+            rank=self.config.rank,
             max_num_reqs=self.config.max_num_reqs,
             eos_token_ids=list(cfg.eos_token_ids),
+            pipeline_parallel_size=self.config.pipeline_parallel_size,
+            pp_rank=self.config.pp_rank,
+            tp_rank=self.tp.rank,
+            output_rank=self.config.output_rank,
+            task=self.config.task,
+            pooling_type=self.config.pooling_type if self.config.task == "embed" else "",
+            hidden_size=cfg.hidden_size,
+            normalize=self.config.normalize,
         )
+
+    @property
+    def is_output_rank(self) -> bool:
+        """The rank whose replies the scheduler reads (TP rank 0 of the last stage)."""
+        return self.config.rank == self.config.output_rank
 
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
         return self.runner.execute_model(so)

@@ -25,6 +25,7 @@ from typing import Any
 
 from batchwire.common.ports import PortInUseError
 from batchwire.common.sizes import byte_size, format_size
+from batchwire.common.worker_config import POOLING_TYPES, TASKS
 
 from scheduler_svc.cli.client import DEFAULT_ADDRESS
 from scheduler_svc.config import POLICIES, SchedulerConfig
@@ -91,6 +92,22 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     _flag(g, "--no-chunked-prefill", "run every prompt in one step")
 
 
+def _add_task_options(p: argparse.ArgumentParser) -> None:
+    """What the workers serve, and how their layers are split; passed on to the workers this
+    command starts (SchedulerConfig.worker_config), which report it back (GetInfo)."""
+    g = p.add_argument_group("task and pipeline")
+    _option(g, "--task", _DEFAULTS["task"], "generate tokens, or embed inputs (Generation.Embed)",
+            choices=TASKS)
+    _option(g, "--pooling-type", _DEFAULTS["pooling_type"], "how an embedding is pooled from "
+            "the final hidden states", choices=POOLING_TYPES)
+    g.add_argument("--normalize", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get(_env_name("--normalize"), "1").lower() in _TRUE,
+                   help="L2-normalise embeddings [BATCHWIRE_NORMALIZE; default: on]")
+    _option(g, "--pipeline-parallel-size", _DEFAULTS["pipeline_parallel_size"],
+            "pipeline stages per worker group, each of --tensor-parallel-size processes",
+            type=int)
+
+
 def _add_server_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("client API")
     _option(g, "--host", "0.0.0.0", "address to bind")
@@ -146,7 +163,9 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         max_n=args.max_n,
         long_prefill_token_threshold=args.long_prefill_token_threshold, policy=args.policy,
         seed=args.seed, enable_prefix_caching=not args.no_prefix_caching,
-        enable_chunked_prefill=not args.no_chunked_prefill, **extra)
+        enable_chunked_prefill=not args.no_chunked_prefill, task=args.task,
+        pooling_type=args.pooling_type, normalize=args.normalize,
+        pipeline_parallel_size=args.pipeline_parallel_size, **extra)
 
 
 def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: int = 1,
@@ -391,6 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     _option(w, "--replicas", 1, "independent worker groups (data parallel), each with its own "
             "KV cache; a request goes to the least loaded", type=int)
     _add_engine_options(serve)
+    _add_task_options(serve)
     _add_server_options(serve)
     serve.set_defaults(func=cmd_serve)
 
@@ -418,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
             "may finish there before they move to other workers", type=float)
     _add_worker_tls_options(w)
     _add_engine_options(scheduler)
+    _add_task_options(scheduler)
     _add_server_options(scheduler)
     scheduler.set_defaults(func=cmd_scheduler)
 

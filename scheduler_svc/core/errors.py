@@ -21,3 +21,8 @@ class QueueFullError(RuntimeError):
 
 class RequestIdInUseError(ValueError):
     """An active request already has this id (the client's ids must be unique while active)."""
+
+
+class WrongTaskError(RuntimeError):
+    """A call this server's task does not answer: Generate on an embedding server, or Embed on a
+    generation one (FAILED_PRECONDITION: the same call elsewhere may succeed)."""

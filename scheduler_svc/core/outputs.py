@@ -28,6 +28,7 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache at first admission
     # On a request's first output when it asked: one per prompt token after the first.
     prompt_logprobs: list[TokenLogprobs] | None = None
+    embedding: list[float] | None = None  # [hidden or dimensions]: an embedding request's vector
 
 
 @dataclasses.dataclass(slots=True)
@@ -43,6 +44,7 @@ class RequestOutput:
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs] | None = None
+    embedding: list[float] | None = None  # LLM.embed's vector
 
     @property
     def finished(self) -> bool:

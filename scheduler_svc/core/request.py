@@ -7,6 +7,7 @@ import time
 
 from scheduler_svc.core.detokenizer import IncrementalDetokenizer
 from scheduler_svc.core.outputs import TokenLogprobs
+from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.structured_output import RequestGrammar
 
@@ -45,6 +46,7 @@ class Request:
         "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "block_hashes",
         "detokenizer", "stop_ids", "max_num_tokens", "num_cached_tokens", "grammar",
         "prompt_logprobs",
+        "pooling", "num_sent_tokens",
     )
 
     def __init__(
@@ -86,6 +88,10 @@ class Request:
         # or sent already.
         self.prompt_logprobs: list[TokenLogprobs] | None = (
             [] if sampling_params.prompt_logprobs is not None else None)
+        self.pooling: PoolingParams | None = None  # set on an embedding request
+        # Tokens the workers have been sent (prompt, then output): with pipeline stages, the
+        # stages before the last learn each later token from the scheduler.
+        self.num_sent_tokens = 0
         # A token outside stop_ids with fewer than max_num_tokens tokens cannot end the request:
         # the per-token test on the hot path, before the full stop rules.
         self.stop_ids = frozenset(sampling_params.stop_token_ids) | (

@@ -26,6 +26,7 @@ from scheduler_svc.core.detokenizer import IncrementalDetokenizer
 from scheduler_svc.core.errors import InvalidRequestError, QueueFullError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.outputs import EngineCoreOutput, TokenLogprobs
+from scheduler_svc.core.pooling import PoolingParams, pooled_vectors
 from scheduler_svc.core.prompt_logprobs import collect_prompt_logprobs
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.request_queue import make_queue
@@ -73,8 +74,15 @@ class Scheduler:
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
         tokenizer: Any = None,
+        task: str = "generate",
+        hidden_size: int = 0,
+        send_new_tokens: bool = False,
     ) -> None:
         self.config = config
+        self.task = task  # "generate" or "embed": the workers serve one
+        self.hidden_size = hidden_size  # the longest embedding a request may ask for
+        # Pipeline stages before the last sample nothing: each step tells them the tokens sampled.
+        self.send_new_tokens = send_new_tokens
         # The worker's own limits may be tighter than ours.
         self.max_model_len = min(config.max_model_len, max_model_len or config.max_model_len)
         self.max_num_seqs = min(config.max_num_seqs, max_num_seqs or config.max_num_seqs)
@@ -112,6 +120,7 @@ class Scheduler:
         grammar: RequestGrammar | None = None,
         output_token_ids: Sequence[int] = (),
         detokenizer: IncrementalDetokenizer | None = None,
+        pooling: PoolingParams | None = None,
     ) -> Request:
         """Validates and queues a request; raises InvalidRequestError or QueueFullError.
 
@@ -123,12 +132,19 @@ class Scheduler:
         validate_prompt([*prompt_token_ids, *output_token_ids] if output_token_ids
                         else prompt_token_ids, self.vocab_size, self.max_model_len)
         sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)
-        validate_length(len(prompt_token_ids), sampling_params.max_tokens, self.max_model_len)
+        if pooling is None:  # an embedding request generates nothing: only its input must fit
+            validate_length(len(prompt_token_ids), sampling_params.max_tokens, self.max_model_len)
         if sampling_params.n != 1:
             raise InvalidRequestError("n", f"{sampling_params.n}: a scheduler runs one sequence "
                                            "per request; fan n out with parallel_sampling")
         sampling_params.bad_words_token_ids = bad_words_token_ids(self.tokenizer,
                                                                   sampling_params.bad_words)
+        if (pooling is not None) != (self.task == "embed"):
+            raise InvalidRequestError("task", f"this engine serves {self.task!r}: "
+                                      + ("embed requests need pooling params" if pooling is None
+                                         else "it computes no embeddings"))
+        if pooling is not None:
+            pooling.validate_for(self.hidden_size)
         if sampling_params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer, this engine has none")
         if sampling_params.constraint is not None and grammar is None:
@@ -147,6 +163,7 @@ class Scheduler:
         request = Request(wire_id, list(prompt_token_ids), sampling_params, self.eos_token_ids,
                           request_id, arrival, priority, cache_salt, detok, self.max_model_len)
         request.all_token_ids.extend(output_token_ids)
+        request.pooling = pooling
         self.requests[wire_id] = request
         if grammar is not None:
             request.grammar = grammar
@@ -286,6 +303,8 @@ class Scheduler:
     ) -> list[EngineCoreOutput]:
         """Appends the sampled tokens of step `so`, applies the stop rules, frees finished
         requests' blocks; returns what each request gained, for the caller to stream."""
+        if model_output.pooler_output:
+            return self._update_from_pooled(model_output)
         outputs = []
         stopped: set[Request] = set()
         all_logprobs = model_output.logprobs
@@ -336,6 +355,24 @@ class Scheduler:
             self.running = [r for r in self.running if r not in stopped]
         return outputs
 
+
+    def _update_from_pooled(self, model_output: worker_pb2.ModelRunnerOutput
+                            ) -> list[EngineCoreOutput]:
+        """A pooling step: each request whose vector came finishes now and frees its blocks."""
+        outputs = []
+        pooled: set[Request] = set()
+        for req_id, vector in pooled_vectors(model_output):
+            request = self.requests.get(req_id)
+            if request is None:
+                continue  # aborted while the step ran
+            pooled.add(request)
+            self._finish(request, RequestStatus.FINISHED_STOPPED)
+            out = self._output(request, [], "", None)
+            out.embedding = vector
+            outputs.append(out)
+        if pooled:
+            self.running = [r for r in self.running if r not in pooled]
+        return outputs
 
     def _preemption_victim(self) -> Request:
         if self.config.policy == "priority":
@@ -400,7 +437,9 @@ class Scheduler:
                 block_ids=self.kv.block_ids(r.wire_id),
                 num_computed_tokens=r.num_computed_tokens,
                 num_scheduled_tokens=num_scheduled[r.wire_id],
+                pooling=r.pooling.to_proto() if r.pooling is not None else None,
             )
+            r.num_sent_tokens = r.num_tokens
         cached = so.scheduled_cached_reqs
         ids = [r.wire_id for r in running]
         resumed_ids = [r.wire_id for r in resumed]
@@ -421,4 +460,8 @@ class Scheduler:
         cached.num_computed_tokens.extend([r.num_computed_tokens for r in resumed])
         cached.num_scheduled_tokens.extend([num_scheduled[i] for i in ids])
         cached.num_scheduled_tokens.extend([num_scheduled[i] for i in resumed_ids])
+        if self.send_new_tokens:
+            for r in (*running, *resumed):  # parallel to cached.req_ids
+                so.cached_new_token_ids.add().ids.extend(r.all_token_ids[r.num_sent_tokens:])
+                r.num_sent_tokens = r.num_tokens
         return so

@@ -24,6 +24,7 @@ from typing import Any
 
 from scheduler_svc.core.errors import RequestIdInUseError
 from scheduler_svc.core.outputs import EngineCoreOutput
+from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.engine.commands import AbortRequests, AddRequest, Command
 from scheduler_svc.engine.engine_core import EngineCore
@@ -175,6 +176,7 @@ class AsyncEngine:
         params: SamplingParams,
         priority: int = 0,
         cache_salt: str | None = None,
+        pooling: PoolingParams | None = None,
     ) -> RequestStream:
         """Admits a request and returns its stream; raises what admission refuses it for."""
         if self.dead is not None:
@@ -187,7 +189,8 @@ class AsyncEngine:
         stream = RequestStream(self, request_id)
         self._streams[request_id] = stream
         self._idle.clear()
-        command = AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt)
+        command = AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt,
+                             pooling)
         self._send(command)
         try:
             await asyncio.wrap_future(command.admitted)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
 
 
@@ -23,6 +24,7 @@ class AddRequest:
     params: SamplingParams
     priority: int = 0
     cache_salt: str | None = None
+    pooling: PoolingParams | None = None  # an embedding request's
     admitted: Future = dataclasses.field(default_factory=Future)  # None, or the refusal
 
 

@@ -21,6 +21,7 @@ from batchwire.v1 import worker_pb2
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestIdInUseError
 from scheduler_svc.core.outputs import EngineCoreOutput
+from scheduler_svc.core.pooling import prefix_caching_allowed
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.scheduler import Scheduler
@@ -43,7 +44,9 @@ class EngineCore:
                  tokenizer: Any = None) -> None:
         self.config = config
         self.executor = executor if executor is not None else Executor.get_class(config)(config)
-        self.info: worker_pb2.WorkerInfo = self.executor.get_info()
+        # The output rank's info, its pool shrunk to the stage with the fewest blocks.
+        self.info: worker_pb2.WorkerInfo = group_info(self.executor.get_infos(),
+                                                      self.executor.output_rank)
         self.scheduler = scheduler_for(config, self.info, tokenizer)
         self.requests: dict[str, Request] = {}  # the client's request id -> unfinished request
 
@@ -113,15 +116,29 @@ class EngineCore:
         return outputs
 
 
+def group_info(infos: Sequence[worker_pb2.WorkerInfo], output_rank: int) -> worker_pb2.WorkerInfo:
+    """One WorkerInfo for a group: the output rank's, with the fewest KV blocks of any rank (a
+    block id must be valid on every pipeline stage, each of which holds its own layers' cache)."""
+    info = worker_pb2.WorkerInfo()
+    info.CopyFrom(infos[output_rank])
+    info.num_blocks = min(i.num_blocks for i in infos)
+    return info
+
+
 def scheduler_for(config: SchedulerConfig, info: worker_pb2.WorkerInfo,
                   tokenizer: Any = None) -> Scheduler:
     """The scheduler of one worker group, sized by what the group reported (GetInfo): its KV
-    blocks, vocabulary and limits. The tokenizer's EOS counts as well as the model's."""
+    blocks, vocabulary, limits and task. The tokenizer's EOS counts as well as the model's."""
     eos = set(info.eos_token_ids)
     tokenizer_eos = getattr(tokenizer, "eos_token_id", None)
     if tokenizer_eos is not None:
         eos.add(tokenizer_eos)
+    task = info.task or "generate"
+    if config.enable_prefix_caching and not prefix_caching_allowed(task, info.pooling_type):
+        config = dataclasses.replace(config, enable_prefix_caching=False)
     return Scheduler(config, num_blocks=info.num_blocks, block_size=info.block_size,
                      vocab_size=info.vocab_size, eos_token_ids=eos,
                      max_model_len=info.max_model_len or None,
-                     max_num_seqs=info.max_num_reqs or None, tokenizer=tokenizer)
+                     max_num_seqs=info.max_num_reqs or None, tokenizer=tokenizer, task=task,
+                     hidden_size=info.hidden_size,
+                     send_new_tokens=info.pipeline_parallel_size > 1)

@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.outputs import EngineCoreOutput, RequestOutput
+from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.tokenizer import load_tokenizer
 from scheduler_svc.engine.engine_core import EngineCore
@@ -20,7 +21,8 @@ Prompt = str | Sequence[int] | dict
 
 
 class LLM:
-    """`LLM(model=None)` serves the embedded SmolLM2; any SchedulerConfig field is a keyword."""
+    """`LLM(model=None)` serves the embedded SmolLM2; any SchedulerConfig field is a keyword
+    (`pipeline_parallel_size=P`, `task="embed"` with `pooling_type=...` for embed())."""
 
     def __init__(self, model: str | None = None, dtype: str = "bfloat16",
                  executor: Executor | None = None, tokenizer: Any = None, **config: Any) -> None:
@@ -37,10 +39,7 @@ class LLM:
         priority: Sequence[int] | None = None,
     ) -> list[RequestOutput]:
         """Runs the prompts to completion; results come back in the order of the prompts."""
-        if isinstance(prompts, str | dict) or (prompts and isinstance(prompts[0], int)):
-            batch = [cast(Prompt, prompts)]  # one prompt
-        else:
-            batch = list(cast(Sequence[Prompt], prompts))
+        batch = _as_batch(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
@@ -66,6 +65,26 @@ class LLM:
             self.engine.abort_requests(added)
         return list(results.values())
 
+    def embed(self, texts: Prompt | Sequence[Prompt], normalize: bool | None = None,
+              dimensions: int | None = None, use_tqdm: bool = False) -> list[list[float]]:
+        """One vector per input (text or token ids), in input order; needs task="embed"."""
+        batch = _as_batch(texts)
+        pooling = PoolingParams(normalize, dimensions)
+        results: dict[str, RequestOutput] = {}
+        added = []
+        try:
+            for prompt in batch:
+                text, ids = self._tokenize(prompt)
+                request_id = f"llm-{next(self._ids)}"
+                self.engine.add_request(ids, SamplingParams(), request_id=request_id,
+                                        pooling=pooling)
+                added.append(request_id)
+                results[request_id] = RequestOutput(request_id, text, list(ids))
+            self._run(results, use_tqdm)
+        finally:
+            self.engine.abort_requests(added)
+        return [cast(list[float], r.embedding) for r in results.values()]
+
     def _run(self, results: dict[str, RequestOutput], use_tqdm: bool) -> None:
         with tqdm(total=len(results), desc="Generating", unit="req", disable=not use_tqdm) as bar:
             remaining = len(results)
@@ -88,6 +107,12 @@ class LLM:
         self.engine.shutdown()
 
 
+def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str | dict) or (prompts and isinstance(prompts[0], int)):
+        return [cast(Prompt, prompts)]  # one prompt
+    return list(cast(Sequence[Prompt], prompts))
+
+
 def _accumulate(result: RequestOutput, out: EngineCoreOutput) -> bool:
     """Adds a step's delta to the request's result; True when the request finished."""
     result.token_ids.extend(out.new_token_ids)
@@ -96,6 +121,8 @@ def _accumulate(result: RequestOutput, out: EngineCoreOutput) -> bool:
         result.prompt_logprobs = out.prompt_logprobs
     if out.new_logprobs:
         result.logprobs = (result.logprobs or []) + out.new_logprobs
+    if out.embedding is not None:
+        result.embedding = out.embedding
     if out.finished:
         result.finish_reason = out.finish_reason
         result.stop_reason = out.stop_reason

@@ -211,7 +211,7 @@ class ReplicatedEngine:
             if isinstance(command, AddRequest):
                 self.add_request(command.prompt_token_ids, command.params,
                                  request_id=command.request_id, priority=command.priority,
-                                 cache_salt=command.cache_salt)
+                                 cache_salt=command.cache_salt, pooling=command.pooling)
                 command.admitted.set_result(None)
             elif isinstance(command, AttachReplica):
                 core = EngineCore(self.config, command.executor, self.tokenizer)
@@ -250,7 +250,8 @@ class ReplicatedEngine:
                 request.prompt_token_ids, request.sampling_params, request_id=request.request_id,
                 arrival_time=request.arrival_time, priority=request.priority,
                 cache_salt=request.cache_salt, grammar=request.grammar,
-                output_token_ids=request.output_token_ids, detokenizer=request.detokenizer)
+                output_token_ids=request.output_token_ids, detokenizer=request.detokenizer,
+                pooling=request.pooling)
         except (InvalidRequestError, QueueFullError) as e:
             logger.warning("request %s cannot move to replica %s: %s", request.request_id,
                            target.replica_id, e)

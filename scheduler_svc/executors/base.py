@@ -34,6 +34,9 @@ class Executor(ABC):
         config names, or one this executor starts (remote), or the worker in this process."""
         self.config = config
         self.addresses: list[str] = list(addresses) if addresses is not None else []
+        # The rank whose replies carry the step's output: TP rank 0 of the last pipeline stage
+        # (WorkerInfo.output_rank); the other ranks' replies are waited for, not read.
+        self.output_rank = 0
 
     @classmethod
     def connect(cls, config: SchedulerConfig, addresses: Sequence[str]) -> Executor:
@@ -44,7 +47,7 @@ class Executor(ABC):
     def get_class(config: SchedulerConfig) -> type[Executor]:
         backend: Any = config.executor_backend
         if backend == "auto":
-            remote = config.worker_addresses or config.tensor_parallel_size > 1
+            remote = config.worker_addresses or config.world_size > 1
             backend = "zmq" if remote else "uni"
         if isinstance(backend, type):
             if not issubclass(backend, Executor):
@@ -91,16 +94,22 @@ class Executor(ABC):
 
     def execute_model(self, so: worker_pb2.SchedulerOutput, non_block: bool = False) -> Any:
         """The forward pass. Its result is None when the logits were parked for sample_tokens."""
-        return self.collective_rpc("execute_model", (so,), non_block, unique_reply_rank=0)
+        return self.collective_rpc("execute_model", (so,), non_block,
+                                   unique_reply_rank=self.output_rank)
 
     def sample_tokens(self, grammar_output: worker_pb2.GrammarOutput | None,
                       non_block: bool = False) -> Any:
         """The second call of a step: a ModelRunnerOutput (in a Future when `non_block`)."""
         return self.collective_rpc("sample_tokens", (grammar_output,), non_block,
-                                   unique_reply_rank=0)
+                                   unique_reply_rank=self.output_rank)
 
     def get_info(self) -> worker_pb2.WorkerInfo:
-        return self.collective_rpc("get_info", unique_reply_rank=0)
+        """The output rank's WorkerInfo."""
+        return self.collective_rpc("get_info", unique_reply_rank=self.output_rank)
+
+    def get_infos(self) -> list[worker_pb2.WorkerInfo]:
+        """Every rank's WorkerInfo, in rank order (pipeline stages may hold different pools)."""
+        return self.collective_rpc("get_info")
 
     def shutdown(self) -> None:  # noqa: B027 - optional: not every transport holds resources
         """Releases the workers; the default has nothing to release."""

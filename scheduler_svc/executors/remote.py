@@ -88,6 +88,22 @@ class ReplyFuture(Future):
         return super().exception(timeout)
 
 
+def check_group(infos: Sequence[worker_pb2.WorkerInfo], addresses: Sequence[str]) -> int:
+    """The group's output rank, once its ranks are known to be one P x T group in rank order."""
+    ranks = [info.rank for info in infos]
+    # Workers older than pipeline parallelism report 0 stages: one.
+    shapes = {(info.pipeline_parallel_size or 1, info.tensor_parallel_size or 1, info.output_rank)
+              for info in infos}
+    if ranks != list(range(len(infos))) or len(shapes) != 1:
+        raise ValueError(f"workers at {list(addresses)} are not one parallel group in rank "
+                         f"order: ranks {ranks}, (stages, TP size, output rank) {sorted(shapes)}")
+    ((pp, tp, output_rank),) = shapes
+    if pp * tp != len(infos) or output_rank != (pp - 1) * tp:
+        raise ValueError(f"workers at {list(addresses)}: {len(infos)} ranks for a group of "
+                         f"{pp} stages x {tp} TP ranks with output rank {output_rank}")
+    return output_rank
+
+
 class RemoteExecutor(Executor):
     def __init__(self, config: SchedulerConfig, addresses: Sequence[str] | None = None) -> None:
         super().__init__(config, addresses)
@@ -112,11 +128,7 @@ class RemoteExecutor(Executor):
         try:
             self._connect()
             self.infos: list[worker_pb2.WorkerInfo] = self.collective_rpc("get_info")
-            ranks = [info.rank for info in self.infos]
-            sizes = {info.tensor_parallel_size for info in self.infos}
-            if ranks != list(range(len(self.infos))) or sizes != {len(self.infos)}:
-                raise ValueError(f"workers at {self.addresses} are not one tensor-parallel group "
-                                 f"in rank order: ranks {ranks}, group sizes {sorted(sizes)}")
+            self.output_rank = check_group(self.infos, self.addresses)
             # The scheduler owns the workers' state: requests of an earlier scheduler must go.
             self.collective_rpc("reset")
         except BaseException:
@@ -126,6 +138,9 @@ class RemoteExecutor(Executor):
                                          daemon=True)
         self._watcher.start()
 
+
+    def get_infos(self) -> list[worker_pb2.WorkerInfo]:
+        return list(self.infos)  # read at connect time; a group's sizes do not change
 
     @abc.abstractmethod
     def _connect(self) -> None: ...

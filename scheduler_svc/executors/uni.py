@@ -19,10 +19,10 @@ class UniProcExecutor(Executor):
     def __init__(self, config: SchedulerConfig, worker: Any = None) -> None:
         super().__init__(config)
         if worker is None:
-            if config.tensor_parallel_size > 1:
-                raise ValueError("the uni executor runs one worker in this process; tensor "
-                                 f"parallelism ({config.tensor_parallel_size} ranks) needs the "
-                                 "zmq or grpc executor")
+            if config.world_size > 1:
+                raise ValueError("the uni executor runs one worker in this process; a parallel "
+                                 f"group ({config.world_size} ranks) needs the zmq or grpc "
+                                 "executor")
             from worker_svc.worker import Worker  # loads torch and the model: only when used
 
             worker = Worker(config.worker_config())

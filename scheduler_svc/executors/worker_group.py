@@ -49,7 +49,7 @@ class LocalWorkerGroup:
         cmd = [sys.executable, "-m", "worker_svc", *config.to_argv(), "--host", host,
                "--port", "0", "--zmq-port", "0", "--metrics-port", "0", "--ready-file", ready,
                "--parent-pid", str(os.getpid()), *extra_argv]
-        if config.tensor_parallel_size == 1:
+        if config.world_size == 1:
             cmd += ["--rank", "0"]
         process = subprocess.Popen(cmd, start_new_session=True)
         deadline = time.monotonic() + timeout_s

@@ -17,11 +17,12 @@ import grpc
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.core.errors import InvalidRequestError, RequestIdInUseError
+from scheduler_svc.core.errors import InvalidRequestError, RequestIdInUseError, WrongTaskError
 from scheduler_svc.core.parallel_sampling import child_params, child_request_id
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.engine.async_engine import AsyncEngine, RequestStream
 from scheduler_svc.service import parallel_sampling, wire
+from scheduler_svc.service.embed import embed
 from scheduler_svc.service.status_codes import NotReadyError, abort_with
 
 SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
@@ -49,6 +50,9 @@ class LoadedModel:
     dtype: str
     transport: str
     workers: Callable[[], list[Any]]  # the worker groups now, as server.WorkerView
+    task: str = "generate"  # what the workers serve: "generate" or "embed"
+    pooling_type: str = ""  # on an embedding server
+    hidden_size: int = 0  # an embedding's length without `dimensions`
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
@@ -96,6 +100,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                      ) -> tuple[str, list[int], list[RequestStream]]:
         """The client's request id, the prompt as run and one stream per sequence (n of them)."""
         m = self._loaded()
+        if m.task != "generate":
+            if request.HasField("sampling"):  # a generation field: name it
+                raise InvalidRequestError("sampling", f"this server runs a {m.task!r} model, "
+                                                      "which samples nothing; use Embed")
+            raise WrongTaskError(f"Generate: this server runs a {m.task!r} model; use Embed")
         request_id = wire.request_id(request)
         params = wire.sampling_params(request.sampling)
         parallel_sampling.check_n(params.n, m.config.max_n)
@@ -138,6 +147,14 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         except InvalidRequestError as e:
             raise wire.admission_error(e, field) from None
 
+    async def Embed(self, request: generate_pb2.EmbedRequest,
+                    context: grpc.aio.ServicerContext) -> generate_pb2.EmbedResponse:
+        try:
+            m = self._loaded()
+            return await embed(m.engine, m.tokenizer, m.task, request)
+        except Exception as e:
+            await abort_with(context, e)
+
     async def Abort(self, request: generate_pb2.AbortRequest,
                     context: grpc.aio.ServicerContext) -> generate_pb2.AbortResponse:
         try:
@@ -160,7 +177,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         info = generate_pb2.GetModelInfoResponse(
             model_name=m.model_name, max_model_len=m.max_model_len, vocab_size=m.vocab_size,
             eos_token_ids=m.eos_token_ids, has_chat_template=bool(m.tokenizer.chat_template),
-            dtype=m.dtype)
+            dtype=m.dtype, task=m.task, pooling_type=m.pooling_type,
+            embedding_size=m.hidden_size if m.task == "embed" else 0)
         bos = getattr(m.tokenizer, "bos_token_id", None)
         if bos is not None:
             info.bos_token_id = bos

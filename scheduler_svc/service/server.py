@@ -30,6 +30,7 @@ from grpc_reflection.v1alpha import reflection
 from tqdm import tqdm
 
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.tokenizer import load_tokenizer
 from scheduler_svc.engine.async_engine import AsyncEngine
@@ -169,13 +170,17 @@ def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine) -> Loa
         max_num_seqs=scheduler.max_num_seqs,
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         eos_token_ids=sorted(scheduler.eos_token_ids), dtype=info.dtype,
-        transport=first.executor.transport or "uni", workers=workers)
+        transport=first.executor.transport or "uni", workers=workers,
+        task=first.scheduler.task, pooling_type=info.pooling_type, hidden_size=info.hidden_size)
 
 
-async def warm_up(engine: AsyncEngine, tokenizer: Any) -> None:
-    """One short request through every stage: scheduler, worker, sampler, detokenizer."""
+async def warm_up(engine: AsyncEngine, tokenizer: Any, task: str = "generate") -> None:
+    """One short request through every stage: scheduler, worker, sampler (or pooler),
+    detokenizer."""
     ids = list(tokenizer("Hello").input_ids) or [0]
-    stream = await engine.add_request("warm-up", ids, SamplingParams(temperature=0, max_tokens=2))
+    pooling = PoolingParams() if task == "embed" else None
+    stream = await engine.add_request("warm-up", ids, SamplingParams(temperature=0, max_tokens=2),
+                                      pooling=pooling)
     async for _ in stream:
         pass
 
@@ -255,9 +260,9 @@ class SchedulerServer:
         if not await self._first_replica(core):
             await self._drain()
             return 0
-        await warm_up(self.engine, tokenizer)
-        self.engine.observer = self.metrics
         model = describe(core, tokenizer, self.engine)
+        await warm_up(self.engine, tokenizer, model.task)
+        self.engine.observer = self.metrics
         self.metrics.model_name = model.model_name
         self.servicer.attach(model)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)

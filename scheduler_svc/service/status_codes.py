@@ -7,7 +7,12 @@ from typing import NoReturn
 
 import grpc
 
-from scheduler_svc.core.errors import InvalidRequestError, QueueFullError, RequestIdInUseError
+from scheduler_svc.core.errors import (
+    InvalidRequestError,
+    QueueFullError,
+    RequestIdInUseError,
+    WrongTaskError,
+)
 from scheduler_svc.engine.async_engine import EngineDeadError, NotAdmittingError
 from scheduler_svc.executors.errors import WorkerUnavailableError
 
@@ -21,6 +26,7 @@ class NotReadyError(RuntimeError):
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (RequestIdInUseError, grpc.StatusCode.ALREADY_EXISTS),
+    (WrongTaskError, grpc.StatusCode.FAILED_PRECONDITION),
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (NotReadyError, grpc.StatusCode.UNAVAILABLE),
     (NotAdmittingError, grpc.StatusCode.UNAVAILABLE),

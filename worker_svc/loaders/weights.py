@@ -13,6 +13,7 @@ from worker_svc.models.config import ModelConfig
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.models.packed_linear import pack_linears, packing_available
 from worker_svc.parallel import TensorParallel
+from worker_svc.pipeline import PipelineStage
 
 # Hugging Face projections that the model holds fused: (fused name, position in the fusion).
 _FUSED = {
@@ -36,8 +37,10 @@ def load_model(
     device: str,
     max_position: int,
     tp: TensorParallel | None = None,
+    pp: tuple[int, int] = (0, 1),
 ) -> LlamaForCausalLM:
-    """The model with this rank's shard of every weight (all of them without tensor parallelism)."""
+    """This rank's part of the model: the layers of its pipeline stage `pp` = (pp_rank, pp_size),
+    each weight's tensor-parallel shard (all of it without tensor parallelism)."""
     if path.endswith(".gguf"):
         reader = gguf.GGUFReader(path)
         cfg = gguf_file.read_config(reader)
@@ -45,8 +48,10 @@ def load_model(
     else:
         cfg = hf_checkpoint.read_config(path)
         tensors = hf_checkpoint.iter_tensors(path)
+    tp = tp or TensorParallel()
+    stage = PipelineStage.build(cfg.num_layers, pp[0], pp[1], tp.rank, tp.size)
     with torch.device("meta"):
-        model = LlamaForCausalLM(cfg, max_position, tp)
+        model = LlamaForCausalLM(cfg, max_position, tp, stage)
     model = model.to_empty(device=device)
     model.tie_weights()
     model.init_rotary(device)
@@ -63,8 +68,8 @@ def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
     parts: dict[str, dict[int, torch.Tensor]] = {}
     loaded: set[str] = set()
     for hf_name, tensor in tensors:
-        name = hf_name.removeprefix("model.")
-        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+        name = _name_on_stage(model, hf_name.removeprefix("model."))
+        if name is None:
             continue
         match = re.fullmatch(r"(.*)\.(\w+_proj)\.(weight|bias)", name)
         if match and match.group(2) in _FUSED:
@@ -88,7 +93,25 @@ def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
         params[name].data.copy_(tensor)
         loaded.add(name)
     missing = set(params) - loaded
-    if model.config.tie_word_embeddings:
+    if model.config.tie_word_embeddings and model.embed_tokens is not None:
         missing.discard("lm_head.weight")
     if missing or parts:
         raise ValueError(f"checkpoint lacks tensors: {sorted(missing | set(parts))[:8]}")
+
+
+def _name_on_stage(model: LlamaForCausalLM, name: str) -> str | None:
+    """Where a checkpoint tensor goes on this pipeline stage; None if another stage holds it."""
+    tied = model.config.tie_word_embeddings
+    layer = re.match(r"layers\.(\d+)\.", name)
+    if layer is not None:
+        return name if model.stage.holds_layer(int(layer.group(1))) else None
+    if name == "embed_tokens.weight":
+        if model.embed_tokens is not None:
+            return name  # tied to the LM head by tie_weights() when both are here
+        # A last stage without the embedding holds its own copy of the tied matrix.
+        return "lm_head.weight" if tied and model.lm_head is not None else None
+    if name == "lm_head.weight":
+        return None if tied or model.lm_head is None else name
+    if name == "norm.weight":
+        return name if model.norm is not None else None
+    return name

@@ -2,9 +2,13 @@
 
 Tokens of all requests arrive flattened on one axis: x is (T, hidden), T = tokens this step.
 The projections are fused (q|k|v and gate|up) so each layer makes two fewer matmul calls.
+Under pipeline parallelism a model object is one stage: its own layers only, the embedding on the
+first stage, the final norm and the LM head on the last.
 """
 
 from __future__ import annotations
+
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +19,7 @@ from worker_svc.forward_context import get_attention_metadata
 from worker_svc.models.config import ModelConfig
 from worker_svc.models.rotary import cos_sin_cache
 from worker_svc.parallel import ShardPlan, TensorParallel
+from worker_svc.pipeline import IntermediateTensors, PipelineStage
 
 
 class RMSNorm(nn.Module):
@@ -120,19 +125,29 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     def __init__(
-        self, cfg: ModelConfig, max_position: int, tp: TensorParallel | None = None
+        self,
+        cfg: ModelConfig,
+        max_position: int,
+        tp: TensorParallel | None = None,
+        stage: PipelineStage | None = None,
     ) -> None:
         super().__init__()
         self.config = cfg
         self.tp = tp or TensorParallel()
+        self.stage = stage or PipelineStage.build(cfg.num_layers)
         self.plan = ShardPlan.build(cfg, self.tp)
+        first, last = self.stage.is_first, self.stage.is_last
         # Vocabulary-parallel: each rank holds the rows of its slice of the vocabulary.
-        self.embed_tokens = nn.Embedding(self.plan.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, self.plan, self.tp) for i in range(cfg.num_layers)
+        self.embed_tokens = nn.Embedding(self.plan.vocab_size, cfg.hidden_size) if first else None
+        # Keyed by the model-wide layer index, so that parameter names are the checkpoint's on
+        # every stage ("layers.17.mlp...").
+        self.layers = nn.ModuleDict(
+            {str(i): DecoderLayer(cfg, i, self.plan, self.tp) for i in range(*self.stage.layers)}
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, self.plan.vocab_size, bias=False)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if last else None
+        self.lm_head = (
+            nn.Linear(cfg.hidden_size, self.plan.vocab_size, bias=False) if last else None
+        )
         self.tie_weights()
         self.max_position = max_position
         self.cos_sin = torch.empty(0)  # filled by init_rotary(), once the weights have a device
@@ -140,10 +155,16 @@ class LlamaForCausalLM(nn.Module):
     def tie_weights(self) -> None:
         """Shares the embedding with the LM head when the checkpoint ties them.
 
-        Called again after Module.to_empty(), which gives each parameter its own storage.
+        Called again after Module.to_empty(), which gives each parameter its own storage. A last
+        stage without the embedding loads the tied matrix into its LM head instead.
         """
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.embed_tokens.weight
+        embed, head = self.embed_tokens, self.lm_head
+        if self.config.tie_word_embeddings and embed is not None and head is not None:
+            head.weight = embed.weight
+
+    def attention_layers(self) -> list[Attention]:
+        """This stage's attention modules in layer order; each holds its layer's KV cache."""
+        return [cast(DecoderLayer, layer).self_attn for layer in self.layers.values()]
 
     def init_rotary(self, device: torch.device | str) -> None:
         # A plain attribute, not a buffer, so model.to(bfloat16) leaves it in float32: rotary
@@ -152,16 +173,32 @@ class LlamaForCausalLM(nn.Module):
         table = cos_sin_cache(cfg.head_dim, self.max_position, cfg.rope_theta, cfg.rope_scaling)
         self.cos_sin = table.to(device)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """input_ids, positions: (T,) -> hidden states (T, hidden)."""
-        x = self._embed(input_ids)
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        intermediate: IntermediateTensors | None = None,
+    ) -> torch.Tensor | IntermediateTensors:
+        """input_ids, positions: (T,) -> hidden states (T, hidden) after the final norm.
+
+        A later stage starts from the previous stage's `intermediate` instead of the tokens; a
+        stage before the last returns its stream, un-normalised, for the next one.
+        """
         residual = None
-        for layer in self.layers:
+        if intermediate is None:
+            x = self._embed(input_ids)
+        else:
+            x, residual = intermediate.hidden, intermediate.residual
+        for layer in self.layers.values():
             x, residual = layer(positions, x, residual, self.cos_sin)
+        if self.norm is None:
+            assert residual is not None, "a stage holds at least one layer"
+            return IntermediateTensors(x, residual)
         x, _ = self.norm(x, residual)
         return x
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        assert self.embed_tokens is not None, "only the first stage embeds tokens"
         if not self.tp.enabled:
             return self.embed_tokens(input_ids)
         start, end = self.plan.vocab
@@ -175,5 +212,6 @@ class LlamaForCausalLM(nn.Module):
 
         Every rank then samples the same tokens from the same logits, so ranks stay in step.
         """
+        assert self.lm_head is not None, "only the last stage computes logits"
         logits = self.lm_head(hidden).float()
         return self.tp.all_gather_last_dim(logits, self.plan.vocab_sizes)

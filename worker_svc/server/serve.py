@@ -89,6 +89,9 @@ async def serve(
 
     servicer = WorkerServicer(on_shutdown=on_shutdown, metrics=metrics)
     check_free(ports_to_open(options))  # all of them before the model loads, none bound yet
+    servicer = WorkerServicer(
+        on_shutdown=on_shutdown, metrics=metrics, is_output_rank=config.rank == config.output_rank
+    )
     metrics_port = None
     if options.metrics_port is not None:
         metrics_port = metrics.serve(options.host, options.metrics_port)
@@ -140,7 +143,7 @@ async def serve(
                 options.advertise_host,
                 options.host,
                 [ports],
-                config.tensor_parallel_size,
+                config.world_size,
             )
             registration.register()
         await stop.wait()

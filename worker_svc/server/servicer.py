@@ -51,12 +51,18 @@ class WorkerServicer:
         worker: Any = None,
         on_shutdown: Callable[[], None] | None = None,
         metrics: WorkerMetrics | None = None,
+        is_output_rank: bool = True,
     ) -> None:
         self.worker = worker  # None while the model loads: calls get UNAVAILABLE
         self.on_shutdown = on_shutdown
         self.metrics = metrics
+        # The rank whose replies the scheduler reads (TP rank 0 of the last pipeline stage).
+        self.is_output_rank = is_output_rank
         self._lock = threading.Lock()
         self._parked = False  # ExecuteModel left logits for SampleTokens
+        # ExecuteModel answered with its output (nothing scheduled, a pooling step, a stage that
+        # handed its hidden states on): a SampleTokens after it takes the no-parked-state branch.
+        self._answered = False
         # Wire method -> (request type, handler taking the parsed request, returning a message).
         self.methods: dict[str, tuple[type[Message], Callable[[Any], Message]]] = {
             "GetInfo": (worker_pb2.GetInfoRequest, self._get_info),
@@ -117,13 +123,23 @@ class WorkerServicer:
                 f"ExecuteModel(step_id={so.step_id}) before SampleTokens: the previous step's "
                 "logits are still parked",
             )
+        self._answered = False
         output = self.worker.execute_model(so)
         if output is None:
             self._parked = True
             return worker_pb2.ExecuteModelResponse()
+        self._answered = True
         return worker_pb2.ExecuteModelResponse(output=output)
 
     def _sample_tokens(self, grammar: worker_pb2.GrammarOutput) -> worker_pb2.ModelRunnerOutput:
+        if not self._parked:
+            answered, self._answered = self._answered, False
+            if self.is_output_rank and not answered:
+                raise WorkerCallError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    "SampleTokens with no ExecuteModel before it: nothing is parked",
+                )
+            return worker_pb2.ModelRunnerOutput()  # the walkthrough's no-parked-state branch
         try:
             output = self.worker.sample_tokens(grammar if grammar.req_ids else None)
         except InvalidStepError:
@@ -136,7 +152,7 @@ class WorkerServicer:
 
     def _reset(self, _: worker_pb2.ResetRequest) -> worker_pb2.ResetResponse:
         self.worker.reset()
-        self._parked = False
+        self._parked = self._answered = False
         return worker_pb2.ResetResponse()
 
     def _shutdown(self, _: worker_pb2.ShutdownRequest) -> worker_pb2.ShutdownResponse:

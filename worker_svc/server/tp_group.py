@@ -1,9 +1,10 @@
-"""Starts the N ranks of a tensor-parallel group as child processes and watches them.
+"""Starts the P x T ranks of a parallel group as child processes and watches them.
 
-Each rank is a whole worker server (`python -m worker_svc --rank r`); the scheduler sends every
-step to every rank and reads rank 0's reply. A group with a dead rank cannot compute anything, so
-when one rank exits the others are stopped too. SIGTERM leaves the scheduler first, then stops
-the ranks.
+Each rank is a whole worker server (`python -m worker_svc --rank r`), r = pp_rank * T + tp_rank;
+the scheduler sends every step to every rank and reads the output rank's reply (TP rank 0 of the
+last stage, WorkerInfo.output_rank). A group with a dead rank cannot compute anything (its peers
+would wait on it in a collective or a stage hand-off), so when one rank exits the others are
+stopped too. SIGTERM leaves the scheduler first, then stops the ranks.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _strip(argv: list[str], names: tuple[str, ...]) -> list[str]:
 
 
 def run_group(args: argparse.Namespace, argv: list[str]) -> int:
-    size = args.tensor_parallel_size
+    size = args.tensor_parallel_size * args.pipeline_parallel_size
     init_method = args.distributed_init_method or f"tcp://127.0.0.1:{free_port()}"
     common = _strip(
         argv,
@@ -106,7 +107,11 @@ def run_group(args: argparse.Namespace, argv: list[str]) -> int:
                 args.scheduler_address, args.advertise_host, args.host, ranks, size
             )
             registration.register()
-        logger.info("tensor-parallel group of %d serving", size)
+        logger.info(
+            "group of %d stage(s) x %d rank(s) serving",
+            args.pipeline_parallel_size,
+            args.tensor_parallel_size,
+        )
         while not stop.wait(0.5):
             if args.parent_pid is not None and os.getppid() != args.parent_pid:
                 logger.warning("the process that started this group is gone: stopping")

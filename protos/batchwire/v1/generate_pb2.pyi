@@ -198,7 +198,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_name", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "bos_token_id", "dtype")
+    __slots__ = ("model_name", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "bos_token_id", "dtype", "task", "pooling_type", "embedding_size")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +206,9 @@ class GetModelInfoResponse(_message.Message):
     HAS_CHAT_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     BOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    POOLING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     max_model_len: int
     vocab_size: int
@@ -213,7 +216,10 @@ class GetModelInfoResponse(_message.Message):
     has_chat_template: bool
     bos_token_id: int
     dtype: str
-    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: bool = ..., bos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+    task: str
+    pooling_type: str
+    embedding_size: int
+    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: bool = ..., bos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., task: _Optional[str] = ..., pooling_type: _Optional[str] = ..., embedding_size: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
@@ -302,3 +308,41 @@ class DetokenizeResponse(_message.Message):
     TEXT_FIELD_NUMBER: _ClassVar[int]
     text: str
     def __init__(self, text: _Optional[str] = ...) -> None: ...
+
+class EmbedRequest(_message.Message):
+    __slots__ = ("request_id", "texts", "token_ids", "normalize", "dimensions")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TEXTS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    texts: _containers.RepeatedScalarFieldContainer[str]
+    token_ids: _containers.RepeatedCompositeFieldContainer[EmbedTokenIds]
+    normalize: bool
+    dimensions: int
+    def __init__(self, request_id: _Optional[str] = ..., texts: _Optional[_Iterable[str]] = ..., token_ids: _Optional[_Iterable[_Union[EmbedTokenIds, _Mapping]]] = ..., normalize: bool = ..., dimensions: _Optional[int] = ...) -> None: ...
+
+class EmbedTokenIds(_message.Message):
+    __slots__ = ("ids",)
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("index", "values")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, index: _Optional[int] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class EmbedResponse(_message.Message):
+    __slots__ = ("request_id", "embeddings", "usage")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
+    usage: Usage
+    def __init__(self, request_id: _Optional[str] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ...) -> None: ...

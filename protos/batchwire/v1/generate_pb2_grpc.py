@@ -64,6 +64,11 @@ class GenerationStub(object):
                 request_serializer=batchwire_dot_v1_dot_generate__pb2.DetokenizeRequest.SerializeToString,
                 response_deserializer=batchwire_dot_v1_dot_generate__pb2.DetokenizeResponse.FromString,
                 _registered_method=True)
+        self.Embed = channel.unary_unary(
+                '/batchwire.v1.Generation/Embed',
+                request_serializer=batchwire_dot_v1_dot_generate__pb2.EmbedRequest.SerializeToString,
+                response_deserializer=batchwire_dot_v1_dot_generate__pb2.EmbedResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer(object):
@@ -108,6 +113,14 @@ class GenerationServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Embed(self, request, context):
+        """One vector per input, on a server whose workers run a pooling model (GetModelInfo's task
+        is "embed"); FAILED_PRECONDITION on a generation server, as Generate is on an embedding one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -140,6 +153,11 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Detokenize,
                     request_deserializer=batchwire_dot_v1_dot_generate__pb2.DetokenizeRequest.FromString,
                     response_serializer=batchwire_dot_v1_dot_generate__pb2.DetokenizeResponse.SerializeToString,
+            ),
+            'Embed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Embed,
+                    request_deserializer=batchwire_dot_v1_dot_generate__pb2.EmbedRequest.FromString,
+                    response_serializer=batchwire_dot_v1_dot_generate__pb2.EmbedResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -304,6 +322,33 @@ class Generation(object):
             '/batchwire.v1.Generation/Detokenize',
             batchwire_dot_v1_dot_generate__pb2.DetokenizeRequest.SerializeToString,
             batchwire_dot_v1_dot_generate__pb2.DetokenizeResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Embed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/batchwire.v1.Generation/Embed',
+            batchwire_dot_v1_dot_generate__pb2.EmbedRequest.SerializeToString,
+            batchwire_dot_v1_dot_generate__pb2.EmbedResponse.FromString,
             options,
             channel_credentials,
             insecure,

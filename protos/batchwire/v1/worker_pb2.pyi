@@ -64,7 +64,7 @@ class RequestChoices(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NewRequestData(_message.Message):
-    __slots__ = ("req_id", "prompt_token_ids", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "output_token_ids")
+    __slots__ = ("req_id", "prompt_token_ids", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "output_token_ids", "pooling")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class NewRequestData(_message.Message):
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    POOLING_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: RequestSamplingParams
@@ -79,7 +80,16 @@ class NewRequestData(_message.Message):
     num_computed_tokens: int
     num_scheduled_tokens: int
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[RequestSamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    pooling: PoolingParams
+    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[RequestSamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., pooling: _Optional[_Union[PoolingParams, _Mapping]] = ...) -> None: ...
+
+class PoolingParams(_message.Message):
+    __slots__ = ("normalize", "dimensions")
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
+    DIMENSIONS_FIELD_NUMBER: _ClassVar[int]
+    normalize: bool
+    dimensions: int
+    def __init__(self, normalize: bool = ..., dimensions: _Optional[int] = ...) -> None: ...
 
 class BlockIds(_message.Message):
     __slots__ = ("ids",)
@@ -102,18 +112,20 @@ class CachedRequestData(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., resumed_req_ids: _Optional[_Iterable[str]] = ..., new_block_ids: _Optional[_Iterable[_Union[BlockIds, _Mapping]]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SchedulerOutput(_message.Message):
-    __slots__ = ("scheduled_new_reqs", "scheduled_cached_reqs", "total_num_scheduled_tokens", "finished_req_ids", "step_id")
+    __slots__ = ("scheduled_new_reqs", "scheduled_cached_reqs", "total_num_scheduled_tokens", "finished_req_ids", "step_id", "cached_new_token_ids")
     SCHEDULED_NEW_REQS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_CACHED_REQS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHED_NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     scheduled_new_reqs: _containers.RepeatedCompositeFieldContainer[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
     total_num_scheduled_tokens: int
     finished_req_ids: _containers.RepeatedScalarFieldContainer[str]
     step_id: int
-    def __init__(self, scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ...) -> None: ...
+    cached_new_token_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
+    def __init__(self, scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ..., cached_new_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ...) -> None: ...
 
 class GrammarOutput(_message.Message):
     __slots__ = ("req_ids", "bitmask")
@@ -139,17 +151,25 @@ class Logprobs(_message.Message):
     sampled_token_rank: int
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., sampled_token_rank: _Optional[int] = ...) -> None: ...
 
+class FloatVector(_message.Message):
+    __slots__ = ("values",)
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class ModelRunnerOutput(_message.Message):
-    __slots__ = ("req_ids", "sampled_token_ids", "logprobs", "prompt_logprobs")
+    __slots__ = ("req_ids", "sampled_token_ids", "logprobs", "pooler_output", "prompt_logprobs")
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    POOLER_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     req_ids: _containers.RepeatedScalarFieldContainer[str]
     sampled_token_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
     logprobs: _containers.RepeatedCompositeFieldContainer[Logprobs]
+    pooler_output: _containers.RepeatedCompositeFieldContainer[FloatVector]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PromptLogprobs]
-    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., sampled_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[Logprobs, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ...) -> None: ...
+    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., sampled_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[Logprobs, _Mapping]]] = ..., pooler_output: _Optional[_Iterable[_Union[FloatVector, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ...) -> None: ...
 
 class PromptLogprobs(_message.Message):
     __slots__ = ("positions",)
@@ -168,7 +188,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "max_model_len", "num_blocks", "block_size", "dtype", "device", "tensor_parallel_size", "rank", "max_num_reqs", "eos_token_ids")
+    __slots__ = ("model_name", "vocab_size", "max_model_len", "num_blocks", "block_size", "dtype", "device", "tensor_parallel_size", "rank", "max_num_reqs", "eos_token_ids", "pipeline_parallel_size", "pp_rank", "tp_rank", "output_rank", "task", "pooling_type", "hidden_size", "normalize")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +200,14 @@ class WorkerInfo(_message.Message):
     RANK_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_REQS_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    PIPELINE_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PP_RANK_FIELD_NUMBER: _ClassVar[int]
+    TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_RANK_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    POOLING_TYPE_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     max_model_len: int
@@ -191,7 +219,15 @@ class WorkerInfo(_message.Message):
     rank: int
     max_num_reqs: int
     eos_token_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., rank: _Optional[int] = ..., max_num_reqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    pipeline_parallel_size: int
+    pp_rank: int
+    tp_rank: int
+    output_rank: int
+    task: str
+    pooling_type: str
+    hidden_size: int
+    normalize: bool
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., rank: _Optional[int] = ..., max_num_reqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., pipeline_parallel_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., tp_rank: _Optional[int] = ..., output_rank: _Optional[int] = ..., task: _Optional[str] = ..., pooling_type: _Optional[str] = ..., hidden_size: _Optional[int] = ..., normalize: bool = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()

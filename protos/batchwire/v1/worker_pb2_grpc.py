@@ -79,7 +79,11 @@ class WorkerServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def SampleTokens(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Samples the parked logits. After an ExecuteModel that answered with an output (nothing
+        scheduled, a pooling step, a rank that is not the output rank) it answers an empty output;
+        on the output rank with no ExecuteModel since the last SampleTokens it is refused with
+        FAILED_PRECONDITION.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

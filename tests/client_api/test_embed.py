@@ -1,0 +1,142 @@
+"""Generation.Embed on real `batchwire serve --task embed` processes (the default model, float32):
+vectors equal transformers' final hidden states, mean- and last-pooled and normalised, for a text
+chunked across steps and a batch of 64 of mixed lengths; each bad input gets its status, naming
+the field, and the server serves the next request."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+import torch
+import torch.nn.functional as F
+from batchwire.v1 import generate_pb2
+
+from tests.client_api.server_process import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+# A 64-token step budget chunks any input longer than that; 64 requests may run at once.
+EMBED_ARGS = ("--task", "embed", "--max-model-len", "1024", "--max-num-batched-tokens", "64",
+              "--max-num-seqs", "64", "--kv-cache-memory", "128M")
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly box "
+         "frogs near an old river bank").split()
+MIN_COSINE = 0.9999
+
+
+def text_of(n_words: int, offset: int = 0) -> str:
+    return " ".join(WORDS[(offset + i) % len(WORDS)] for i in range(n_words))
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory):
+    """A mean- and a last-pooling server, loading side by side."""
+    started = {kind: ServerProcess(tmp_path_factory.mktemp(f"embed-{kind}"), *EMBED_ARGS,
+                                   "--pooling-type", kind) for kind in ("mean", "last")}
+    try:
+        for server in started.values():
+            server.wait_serving()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def hf_base(hf_default_model):
+    return hf_default_model.model  # the decoder without the LM head: final (normed) states
+
+
+def reference(hf_base, ids: list[int], pooling: str) -> torch.Tensor:
+    with torch.no_grad():
+        hidden = hf_base(torch.tensor([ids])).last_hidden_state[0]  # (T, hidden)
+    vector = hidden.mean(0) if pooling == "mean" else hidden[-1]
+    return F.normalize(vector, dim=0)
+
+
+def embed(server: ServerProcess, **fields) -> generate_pb2.EmbedResponse:
+    return server.stub.Embed(generate_pb2.EmbedRequest(**fields), timeout=300)
+
+
+def assert_close(response, hf_base, batch: list[list[int]], pooling: str) -> None:
+    assert [e.index for e in response.embeddings] == list(range(len(batch)))
+    for ids, e in zip(batch, response.embeddings, strict=True):
+        ours = torch.tensor(list(e.values))
+        assert ours.shape == (576,)
+        assert abs(float(ours.norm()) - 1) < 1e-4
+        cosine = float(ours @ reference(hf_base, ids, pooling))
+        assert cosine >= MIN_COSINE, f"{len(ids)} tokens: cosine {cosine:.6f}"
+
+
+@pytest.mark.parametrize("pooling", ["mean", "last"])
+def test_embed_matches_transformers_with_a_chunked_text(servers, hf_base, default_tokenizer,
+                                                        pooling):
+    server = servers[pooling]
+    info = server.stub.GetModelInfo(generate_pb2.GetModelInfoRequest(), timeout=10)
+    assert (info.task, info.pooling_type, info.embedding_size) == ("embed", pooling, 576)
+    texts = ["The capital of France is Paris.", text_of(90), "def fibonacci(n):"]
+    batch = [default_tokenizer(t).input_ids for t in texts]
+    assert len(batch[1]) > 64  # more than one step's budget: pooled across chunks
+    response = embed(server, request_id="chunked", texts=texts)
+    assert_close(response, hf_base, batch, pooling)
+    assert response.usage.prompt_tokens == sum(len(ids) for ids in batch)
+    # The same inputs as token ids, truncated and not normalised.
+    raw = embed(server, token_ids=[generate_pb2.EmbedTokenIds(ids=ids) for ids in batch],
+                dimensions=64, normalize=False)
+    for full, short in zip(response.embeddings, raw.embeddings, strict=True):
+        short_values = torch.tensor(list(short.values))
+        assert short_values.shape == (64,)
+        assert float(F.cosine_similarity(short_values, torch.tensor(full.values[:64]), dim=0)
+                     ) >= MIN_COSINE
+    assert server.wait_idle().kv_blocks_used == 0  # every request's blocks freed once pooled
+
+
+def test_a_batch_of_64_mixed_lengths(servers, hf_base, default_tokenizer):
+    texts = [text_of(3 + (37 * i) % 50, offset=i) for i in range(64)]  # 3 to 52 words
+    batch = [default_tokenizer(t).input_ids for t in texts]
+    response = embed(servers["mean"], texts=texts)
+    # The reference in one right-padded batch: a causal model's real tokens never see the pads.
+    longest = max(len(ids) for ids in batch)
+    ids = torch.tensor([x + [0] * (longest - len(x)) for x in batch])
+    mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x in batch])
+    with torch.no_grad():
+        hidden = hf_base(ids, attention_mask=mask).last_hidden_state  # (64, T, hidden)
+    expected = F.normalize((hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True), dim=1)
+    ours = torch.tensor([list(e.values) for e in response.embeddings])  # (64, hidden)
+    cosines = (ours * expected).sum(1)
+    assert float(cosines.min()) >= MIN_COSINE, cosines
+
+
+BAD = [
+    (dict(), grpc.StatusCode.INVALID_ARGUMENT, "texts"),
+    (dict(texts=["fine", ""]), grpc.StatusCode.INVALID_ARGUMENT, "texts[1]"),
+    (dict(token_ids=[generate_pb2.EmbedTokenIds(ids=[])]), grpc.StatusCode.INVALID_ARGUMENT,
+     "token_ids[0]"),
+    (dict(token_ids=[generate_pb2.EmbedTokenIds(ids=[5] * 1024)]),
+     grpc.StatusCode.INVALID_ARGUMENT, "token_ids[0]"),
+    (dict(texts=["x"], dimensions=577), grpc.StatusCode.INVALID_ARGUMENT, "dimensions"),
+]
+
+
+@pytest.mark.parametrize(("fields", "code", "field"), BAD)
+def test_bad_embed_input_gets_a_status_and_the_next_request_is_served(servers, fields, code,
+                                                                      field):
+    server = servers["last"]
+    with pytest.raises(grpc.RpcError) as info:
+        embed(server, **fields)
+    assert info.value.code() == code
+    assert info.value.details().startswith(field), info.value.details()
+    assert len(embed(server, texts=["next"]).embeddings[0].values) == 576
+
+
+@pytest.mark.parametrize(("sampling", "code", "field"), [
+    (None, grpc.StatusCode.FAILED_PRECONDITION, "Generate"),
+    (generate_pb2.SamplingParams(max_tokens=4), grpc.StatusCode.INVALID_ARGUMENT, "sampling"),
+])
+def test_generate_on_an_embedding_server_is_refused(servers, sampling, code, field):
+    server = servers["mean"]
+    request = generate_pb2.GenerateRequest(text="Hello", sampling=sampling)
+    with pytest.raises(grpc.RpcError) as info:
+        list(server.stub.Generate(request, timeout=30))
+    assert info.value.code() == code
+    assert info.value.details().startswith(field), info.value.details()
+    assert len(embed(server, texts=["next"]).embeddings) == 1
