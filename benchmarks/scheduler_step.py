@@ -40,7 +40,8 @@ def measure(running: int, waiting: int, prompt_len: int, steps: int, block_size:
     scheduler = Scheduler(config, num_blocks=running * blocks_per_req + 1,
                           block_size=block_size, vocab_size=49152, eos_token_ids=[2],
                           tokenizer=tokenizer)
-    params = SamplingParams(temperature=0, max_tokens=max_model_len, ignore_eos=True)
+    # As many tokens as fit: no request stops during the measured steps.
+    params = SamplingParams(temperature=0, max_tokens=max_model_len - prompt_len, ignore_eos=True)
     for i in range(running + waiting):
         # Distinct prompts: no prefix hit makes the admission side cheaper than it is in general.
         prompt = [(1000 + 7919 * i + j) % 49000 + 100 for j in range(prompt_len)]

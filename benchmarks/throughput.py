@@ -56,7 +56,10 @@ def run(args: argparse.Namespace) -> None:
     name, workload = workload_of(args)
     prompt_tokens, useful = token_counts(workload)
     max_len = max(len(p) + n for p, n in workload)
-    peaks = [peak_matmul_flops(args.dtype)]
+    # A quick run checks the code, not the machine: a 2048^3 bf16 matmul takes minutes on a CPU
+    # without a native bf16 path (AVX2 only), so it samples a small one.
+    peak_size = 256 if args.quick else 2048
+    peaks = [peak_matmul_flops(args.dtype, peak_size)]
     settings = dict(model=args.model, dtype=args.dtype, max_num_seqs=min(len(workload), 256),
                     max_model_len=max_len, max_num_batched_tokens=max(2048, max_len),
                     kv_cache_memory_bytes=512 << 20,
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> None:
                 bar.update(1)
             # A peak is the best the machine gives: sampled in every repeat, the highest kept,
             # so that a burst of load from elsewhere at one moment does not set it.
-            peaks.append(peak_matmul_flops(args.dtype))
+            peaks.append(peak_matmul_flops(args.dtype, peak_size))
     profile = profile_step(engines["uni"], workload) if "uni" in engines else None
     params = None
     if "uni" in engines:
