@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x62\x61tchwire/v1/worker.proto\x12\x0c\x62\x61tchwire.v1\"\xa6\x03\n\x15RequestSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x12\n\nmin_tokens\x18\t \x01(\x05\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x15\n\x08logprobs\x18\x0b \x01(\x05H\x02\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x0c \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\r \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x0e \x01(\tH\x00\x12.\n\x06\x63hoice\x18\x0f \x01(\x0b\x32\x1c.batchwire.v1.RequestChoicesH\x00\x12\x11\n\x07grammar\x18\x10 \x01(\tH\x00\x42\x0c\n\nconstraintB\x07\n\x05_seedB\x0b\n\t_logprobs\"!\n\x0eRequestChoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xd9\x01\n\x0eNewRequestData\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.batchwire.v1.RequestSamplingParams\x12\x11\n\tblock_ids\x18\x04 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\x05\x12\x18\n\x10output_token_ids\x18\x07 \x03(\x05\"\x17\n\x08\x42lockIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xa7\x01\n\x11\x43\x61\x63hedRequestData\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x17\n\x0fresumed_req_ids\x18\x02 \x03(\t\x12-\n\rnew_block_ids\x18\x03 \x03(\x0b\x32\x16.batchwire.v1.BlockIds\x12\x1b\n\x13num_computed_tokens\x18\x04 \x03(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x03(\x05\"\xda\x01\n\x0fSchedulerOutput\x12\x38\n\x12scheduled_new_reqs\x18\x01 \x03(\x0b\x32\x1c.batchwire.v1.NewRequestData\x12>\n\x15scheduled_cached_reqs\x18\x02 \x01(\x0b\x32\x1f.batchwire.v1.CachedRequestData\x12\"\n\x1atotal_num_scheduled_tokens\x18\x03 \x01(\x05\x12\x18\n\x10\x66inished_req_ids\x18\x04 \x03(\t\x12\x0f\n\x07step_id\x18\x05 \x01(\x04\"1\n\rGrammarOutput\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x0f\n\x07\x62itmask\x18\x02 \x01(\x0c\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"K\n\x08Logprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x1a\n\x12sampled_token_rank\x18\x03 \x01(\x05\"\x81\x01\n\x11ModelRunnerOutput\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x31\n\x11sampled_token_ids\x18\x02 \x03(\x0b\x32\x16.batchwire.v1.TokenIds\x12(\n\x08logprobs\x18\x03 \x03(\x0b\x32\x16.batchwire.v1.Logprobs\"W\n\x14\x45xecuteModelResponse\x12\x34\n\x06output\x18\x01 \x01(\x0b\x32\x1f.batchwire.v1.ModelRunnerOutputH\x00\x88\x01\x01\x42\t\n\x07_output\"\x10\n\x0eGetInfoRequest\"\xeb\x01\n\nWorkerInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x12\n\nnum_blocks\x18\x04 \x01(\x05\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x1c\n\x14tensor_parallel_size\x18\x08 \x01(\x05\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x14\n\x0cmax_num_reqs\x18\n \x01(\x05\x12\x15\n\reos_token_ids\x18\x0b \x03(\x05\"\x0e\n\x0cResetRequest\"\x0f\n\rResetResponse\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse2\xf9\x02\n\x06Worker\x12\x41\n\x07GetInfo\x12\x1c.batchwire.v1.GetInfoRequest\x1a\x18.batchwire.v1.WorkerInfo\x12Q\n\x0c\x45xecuteModel\x12\x1d.batchwire.v1.SchedulerOutput\x1a\".batchwire.v1.ExecuteModelResponse\x12L\n\x0cSampleTokens\x12\x1b.batchwire.v1.GrammarOutput\x1a\x1f.batchwire.v1.ModelRunnerOutput\x12@\n\x05Reset\x12\x1a.batchwire.v1.ResetRequest\x1a\x1b.batchwire.v1.ResetResponse\x12I\n\x08Shutdown\x12\x1d.batchwire.v1.ShutdownRequest\x1a\x1e.batchwire.v1.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x62\x61tchwire/v1/worker.proto\x12\x0c\x62\x61tchwire.v1\"\xa6\x03\n\x15RequestSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x12\n\nmin_tokens\x18\t \x01(\x05\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x15\n\x08logprobs\x18\x0b \x01(\x05H\x02\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x0c \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\r \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x0e \x01(\tH\x00\x12.\n\x06\x63hoice\x18\x0f \x01(\x0b\x32\x1c.batchwire.v1.RequestChoicesH\x00\x12\x11\n\x07grammar\x18\x10 \x01(\tH\x00\x42\x0c\n\nconstraintB\x07\n\x05_seedB\x0b\n\t_logprobs\"!\n\x0eRequestChoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\xd9\x01\n\x0eNewRequestData\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.batchwire.v1.RequestSamplingParams\x12\x11\n\tblock_ids\x18\x04 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\x05\x12\x18\n\x10output_token_ids\x18\x07 \x03(\x05\"\x17\n\x08\x42lockIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xa7\x01\n\x11\x43\x61\x63hedRequestData\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x17\n\x0fresumed_req_ids\x18\x02 \x03(\t\x12-\n\rnew_block_ids\x18\x03 \x03(\x0b\x32\x16.batchwire.v1.BlockIds\x12\x1b\n\x13num_computed_tokens\x18\x04 \x03(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x03(\x05\"\xa0\x02\n\x0fSchedulerOutput\x12\x38\n\x12scheduled_new_reqs\x18\x01 \x03(\x0b\x32\x1c.batchwire.v1.NewRequestData\x12>\n\x15scheduled_cached_reqs\x18\x02 \x01(\x0b\x32\x1f.batchwire.v1.CachedRequestData\x12\"\n\x1atotal_num_scheduled_tokens\x18\x03 \x01(\x05\x12\x18\n\x10\x66inished_req_ids\x18\x04 \x03(\t\x12\x0f\n\x07step_id\x18\x05 \x01(\x04\x12\x44\n\x1cscheduled_spec_decode_tokens\x18\x06 \x03(\x0b\x32\x1e.batchwire.v1.SpecDecodeTokens\"/\n\x10SpecDecodeTokens\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x05\"1\n\rGrammarOutput\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x0f\n\x07\x62itmask\x18\x02 \x01(\x0c\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"K\n\x08Logprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x1a\n\x12sampled_token_rank\x18\x03 \x01(\x05\"\xb5\x01\n\x11ModelRunnerOutput\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x31\n\x11sampled_token_ids\x18\x02 \x03(\x0b\x32\x16.batchwire.v1.TokenIds\x12(\n\x08logprobs\x18\x03 \x03(\x0b\x32\x16.batchwire.v1.Logprobs\x12\x32\n\x0etoken_logprobs\x18\x04 \x03(\x0b\x32\x1a.batchwire.v1.LogprobsList\"9\n\x0cLogprobsList\x12)\n\tpositions\x18\x01 \x03(\x0b\x32\x16.batchwire.v1.Logprobs\"W\n\x14\x45xecuteModelResponse\x12\x34\n\x06output\x18\x01 \x01(\x0b\x32\x1f.batchwire.v1.ModelRunnerOutputH\x00\x88\x01\x01\x42\t\n\x07_output\"\x10\n\x0eGetInfoRequest\"\xeb\x01\n\nWorkerInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x12\n\nnum_blocks\x18\x04 \x01(\x05\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x1c\n\x14tensor_parallel_size\x18\x08 \x01(\x05\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x14\n\x0cmax_num_reqs\x18\n \x01(\x05\x12\x15\n\reos_token_ids\x18\x0b \x03(\x05\"\x0e\n\x0cResetRequest\"\x0f\n\rResetResponse\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse2\xf9\x02\n\x06Worker\x12\x41\n\x07GetInfo\x12\x1c.batchwire.v1.GetInfoRequest\x1a\x18.batchwire.v1.WorkerInfo\x12Q\n\x0c\x45xecuteModel\x12\x1d.batchwire.v1.SchedulerOutput\x1a\".batchwire.v1.ExecuteModelResponse\x12L\n\x0cSampleTokens\x12\x1b.batchwire.v1.GrammarOutput\x1a\x1f.batchwire.v1.ModelRunnerOutput\x12@\n\x05Reset\x12\x1a.batchwire.v1.ResetRequest\x1a\x1b.batchwire.v1.ResetResponse\x12I\n\x08Shutdown\x12\x1d.batchwire.v1.ShutdownRequest\x1a\x1e.batchwire.v1.ShutdownResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,29 +42,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CACHEDREQUESTDATA']._serialized_start=749
   _globals['_CACHEDREQUESTDATA']._serialized_end=916
   _globals['_SCHEDULEROUTPUT']._serialized_start=919
-  _globals['_SCHEDULEROUTPUT']._serialized_end=1137
-  _globals['_GRAMMAROUTPUT']._serialized_start=1139
-  _globals['_GRAMMAROUTPUT']._serialized_end=1188
-  _globals['_TOKENIDS']._serialized_start=1190
-  _globals['_TOKENIDS']._serialized_end=1213
-  _globals['_LOGPROBS']._serialized_start=1215
-  _globals['_LOGPROBS']._serialized_end=1290
-  _globals['_MODELRUNNEROUTPUT']._serialized_start=1293
-  _globals['_MODELRUNNEROUTPUT']._serialized_end=1422
-  _globals['_EXECUTEMODELRESPONSE']._serialized_start=1424
-  _globals['_EXECUTEMODELRESPONSE']._serialized_end=1511
-  _globals['_GETINFOREQUEST']._serialized_start=1513
-  _globals['_GETINFOREQUEST']._serialized_end=1529
-  _globals['_WORKERINFO']._serialized_start=1532
-  _globals['_WORKERINFO']._serialized_end=1767
-  _globals['_RESETREQUEST']._serialized_start=1769
-  _globals['_RESETREQUEST']._serialized_end=1783
-  _globals['_RESETRESPONSE']._serialized_start=1785
-  _globals['_RESETRESPONSE']._serialized_end=1800
-  _globals['_SHUTDOWNREQUEST']._serialized_start=1802
-  _globals['_SHUTDOWNREQUEST']._serialized_end=1819
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=1821
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=1839
-  _globals['_WORKER']._serialized_start=1842
-  _globals['_WORKER']._serialized_end=2219
+  _globals['_SCHEDULEROUTPUT']._serialized_end=1207
+  _globals['_SPECDECODETOKENS']._serialized_start=1209
+  _globals['_SPECDECODETOKENS']._serialized_end=1256
+  _globals['_GRAMMAROUTPUT']._serialized_start=1258
+  _globals['_GRAMMAROUTPUT']._serialized_end=1307
+  _globals['_TOKENIDS']._serialized_start=1309
+  _globals['_TOKENIDS']._serialized_end=1332
+  _globals['_LOGPROBS']._serialized_start=1334
+  _globals['_LOGPROBS']._serialized_end=1409
+  _globals['_MODELRUNNEROUTPUT']._serialized_start=1412
+  _globals['_MODELRUNNEROUTPUT']._serialized_end=1593
+  _globals['_LOGPROBSLIST']._serialized_start=1595
+  _globals['_LOGPROBSLIST']._serialized_end=1652
+  _globals['_EXECUTEMODELRESPONSE']._serialized_start=1654
+  _globals['_EXECUTEMODELRESPONSE']._serialized_end=1741
+  _globals['_GETINFOREQUEST']._serialized_start=1743
+  _globals['_GETINFOREQUEST']._serialized_end=1759
+  _globals['_WORKERINFO']._serialized_start=1762
+  _globals['_WORKERINFO']._serialized_end=1997
+  _globals['_RESETREQUEST']._serialized_start=1999
+  _globals['_RESETREQUEST']._serialized_end=2013
+  _globals['_RESETRESPONSE']._serialized_start=2015
+  _globals['_RESETRESPONSE']._serialized_end=2030
+  _globals['_SHUTDOWNREQUEST']._serialized_start=2032
+  _globals['_SHUTDOWNREQUEST']._serialized_end=2049
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=2051
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=2069
+  _globals['_WORKER']._serialized_start=2072
+  _globals['_WORKER']._serialized_end=2449
 # @@protoc_insertion_point(module_scope)
