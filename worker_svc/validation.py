@@ -127,8 +127,7 @@ def validate_scheduler_output(
     unscheduled = sorted(drafts.keys() - seen)
     if unscheduled:
         raise InvalidStepError(
-            "scheduled_spec_decode_tokens names requests not scheduled this step: "
-            f"{unscheduled[:4]}"
+            f"draft tokens for requests not scheduled this step: {unscheduled[:4]}"
         )
     if total != so.total_num_scheduled_tokens:
         raise InvalidStepError(
