@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+
 import numpy as np
 import pytest
 from batchwire.v1 import worker_pb2 as pb
@@ -293,3 +295,55 @@ def test_grammar_mask_in_a_step_with_drafts(llama_worker):
     free, masked = outputs
     assert masked[1] == [allowed] and free[1] != [allowed]
     assert masked[0] == free[0]  # the drafted request's rows were left alone
+
+
+TP_PROMPTS = {"g": [(i * 5) % 40 for i in range(30)], "s": prompt(19, 5)}
+
+
+def drive_tp_prompts(worker, propose=None):
+    """A greedy and a seeded request; the drafts come from `propose`."""
+    driver = StepDriver(worker.runner, worker.num_blocks, 16, chunk=16)
+    driver.propose = propose
+    driver.add("g", TP_PROMPTS["g"], 16, no_eos(greedy(), 16))
+    driver.add("s", TP_PROMPTS["s"], 16, SEEDED)
+    return driver.run(), driver
+
+
+def run_rank_with_drafts(model, rank, size, init_method, expected, results):
+    from worker_svc.config import WorkerConfig
+    from worker_svc.worker import Worker
+
+    worker = Worker(WorkerConfig(
+        model=model, dtype="float32", kv_cache_memory_bytes=16 << 20, max_num_reqs=8,
+        max_model_len=256, max_num_batched_tokens=256, tensor_parallel_size=size, rank=rank,
+        distributed_init_method=init_method,
+    ))  # fmt: skip
+    out, driver = drive_tp_prompts(worker, oracle(expected, wrong_at=2))
+    results.put((rank, out, driver.num_drafted, driver.num_accepted))
+
+
+def test_tensor_parallel_ranks_verify_the_same_drafts(tiny_checkpoints):
+    """TP=2 ranks, each given the same steps with drafts (right, then wrong at the third),
+    keep the same tokens: those of TP=1 without drafts."""
+    from tests.worker.test_tensor_parallel import free_port
+
+    model = tiny_checkpoints["llama"]
+    plain = tiny_worker(model, kv_cache_memory_bytes=16 << 20, max_num_reqs=8, max_model_len=256,
+                        max_num_batched_tokens=256)  # fmt: skip
+    expected, _ = drive_tp_prompts(plain)
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [
+        ctx.Process(target=run_rank_with_drafts, args=(model, r, 2, init, expected, results))
+        for r in range(2)
+    ]
+    for p in procs:
+        p.start()
+    ranks = sorted(results.get(timeout=300) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    assert ranks[0][1:] == ranks[1][1:]  # same tokens and the same acceptance on both ranks
+    assert ranks[0][1] == expected
+    assert 0 < ranks[0][3] < ranks[0][2]  # drafts verified, some accepted, some not
