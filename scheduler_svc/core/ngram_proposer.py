@@ -39,28 +39,26 @@ def propose_ngram_drafts(
     """Up to k tokens that followed the most recent earlier occurrence of the longest suffix
     of token_ids (length max_n down to min_n) that occurred before; empty when none did.
 
-    One pass per suffix length j, not per position: run[e] stays true while the j tokens ending
-    at position e equal the last j tokens. Each pass narrows the candidates, so random text,
-    where almost nothing matches, stops after one or two comparisons of the whole sequence.
+    One vectorised comparison of the whole sequence finds the candidate ends, the positions
+    holding the last token; each longer suffix then only re-checks the candidates still
+    matching (a handful in most text), never every position.
     """
     tokens = np.asarray(token_ids)  # [L]
     length = tokens.shape[0]
     if k < 1 or length < 2 or min_n > length - 1:
         return _EMPTY
-    # Candidate ends e in [0, L - 2]: the occurrence must end before the last token, so at least
-    # one token follows it; it may overlap the suffix itself.
-    run = np.ones(length - 1, dtype=bool)  # [L - 1]
-    best_end = -1
-    for j in range(min(max_n, length - 1)):
-        # The (j + 1)-th token back from each end e, t[e - j], against the suffix's, t[L-1-j].
-        run[j:] &= tokens[: length - 1 - j] == tokens[length - 1 - j]
-        run[:j] = False  # ends before j have no token j back
-        if not run.any():
+    # Ends e in [0, L - 2] of an occurrence: it must end before the last token, so at least one
+    # token follows it; it may overlap the suffix itself.
+    ends = np.flatnonzero(tokens[: length - 1] == tokens[length - 1])  # [num_candidates]
+    n = 1  # the suffix length every remaining end matches
+    while n < min(max_n, length - 1) and ends.size:
+        # Ends that also match one token further back, t[e - n] == t[L - 1 - n].
+        longer = ends[ends >= n]
+        longer = longer[tokens[longer - n] == tokens[length - 1 - n]]
+        if not longer.size:
             break
-        if j + 1 >= min_n:
-            # The latest end that still matches j + 1 tokens; longer matches overwrite it.
-            best_end = length - 2 - int(np.argmax(run[::-1]))
-    if best_end < 0:
+        ends, n = longer, n + 1
+    if not ends.size or n < min_n:
         return _EMPTY
-    start = best_end + 1
+    start = int(ends[-1]) + 1  # the latest end: ends are ascending
     return tokens[start : start + k].astype(np.int32, copy=False)
