@@ -6,7 +6,7 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
 PROTO_SRC := $(wildcard protos/batchwire/v1/*.proto)
 
-.PHONY: setup run test test-fast protos check-protos lint bench clean
+.PHONY: setup run test protos lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,8 +37,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m scheduler_svc.cli bench all
 
+# ruff over all the code, mypy over the code that ships (tests/test_lint.py runs both in CI).
 lint: $(STAMP)
-	$(PY) -m ruff check scheduler_svc worker_svc kernels tests
+	$(PY) -m ruff check scheduler_svc worker_svc kernels benchmarks common tests
+	$(PY) -m mypy scheduler_svc worker_svc kernels benchmarks common
 
 clean:
 	rm -rf $(VENV) .pytest_cache

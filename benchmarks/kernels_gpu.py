@@ -130,15 +130,15 @@ def check_kernels(device, dtype, attention_shapes) -> None:
 
     x, res, w = randn(257, 4096), randn(257, 4096), randn(4096)
     check("rms_norm", [rms_norm_triton(x, w, 1e-6)], [rms_norm_torch(x, w, 1e-6)], ATOL[dtype])
-    got, want = rms_norm_triton(x, w, 1e-6, res), rms_norm_torch(x, w, 1e-6, res)
-    check("rms_norm + residual", got, want, ATOL[dtype], 1e-2)
+    got_pair, want_pair = rms_norm_triton(x, w, 1e-6, res), rms_norm_torch(x, w, 1e-6, res)
+    check("rms_norm + residual", got_pair, want_pair, ATOL[dtype], 1e-2)
 
     pos = torch.randint(0, 4096, (257,), generator=gen).to(device)
     cos_sin = torch.randn(4096, 128, generator=gen).to(device)
     q, k = randn(257, 32, 128), randn(257, 8, 128)
-    got = rotary_embedding_triton(pos, q.clone(), k.clone(), cos_sin)
-    want = rotary_embedding_torch(pos, q.clone(), k.clone(), cos_sin)
-    check("rotary_embedding", got, want, ATOL[dtype], 1e-2)
+    got_qk = rotary_embedding_triton(pos, q.clone(), k.clone(), cos_sin)
+    want_qk = rotary_embedding_torch(pos, q.clone(), k.clone(), cos_sin)
+    check("rotary_embedding", got_qk, want_qk, ATOL[dtype], 1e-2)
 
     logits = torch.randn(9, 50257, generator=gen).to(device)
     bitmask = torch.randint(-(2**31), 2**31 - 1, (4, 1571), generator=gen, dtype=torch.int32)

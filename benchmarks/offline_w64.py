@@ -36,10 +36,9 @@ def run_batchwire(llm, workload: Workload) -> float:
 
 def load_transformers(model: str | None, dtype: str):
     """transformers' own reading of the checkpoint directory or GGUF file (None = the default)."""
+    from batchwire.common.model_files import resolve_model_path
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
-
-    from worker_svc.model_files import resolve_model_path
 
     # NOTE: its GGUF loader warns that packed weights are faster in float32, also when (as here,
     # with no GGUF kernel installed) it de-quantises to plain dtype Linear layers anyway.

@@ -16,9 +16,9 @@ import time
 
 from benchmarks.workloads import shared_prefix, w64
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.engine_core import EngineCore
-from scheduler_svc.executor import UniProcExecutor
-from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.engine.engine_core import EngineCore
+from scheduler_svc.executors.uni import UniProcExecutor
 
 
 def run(engine: EngineCore, prompts: list[list[int]], max_tokens: int) -> dict[str, float]:
@@ -29,7 +29,7 @@ def run(engine: EngineCore, prompts: list[list[int]], max_tokens: int) -> dict[s
     sched, ex = engine.scheduler, engine.executor
     t0, cpu0, sched_cpu = time.perf_counter(), time.process_time(), 0.0
     for i, p in enumerate(prompts):
-        engine.add_request(p, params, client_id=str(i))
+        engine.add_request(p, params, request_id=str(i))
     first: dict[str, float] = {}
     while sched.has_requests():
         c0 = time.thread_time()
@@ -53,9 +53,9 @@ def compare(shared: list[list[int]], distinct: list[list[int]], max_tokens: int,
     """{(workload, caching on): [run(...) of each repeat]}, on one model, the four cases taking
     turns in every repeat; on_run() is called after each run (a progress bar's update)."""
     longest = max(len(p) for p in shared + distinct) + max_tokens
-    base = dict(model=model, dtype=dtype, max_num_seqs=64, max_model_len=longest,
-                max_num_batched_tokens=2048)
-    configs = {on: SchedulerConfig(enable_prefix_caching=on, **base) for on in (True, False)}
+    configs = {on: SchedulerConfig(model=model, dtype=dtype, max_num_seqs=64,
+                                   max_model_len=longest, max_num_batched_tokens=2048,
+                                   enable_prefix_caching=on) for on in (True, False)}
     from worker_svc.worker import Worker
 
     worker = Worker(configs[True].worker_config())  # one model, both engines

@@ -14,9 +14,9 @@ import tempfile
 import time
 
 import transformers
+from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2 as pb
 
-from worker_svc.config import WorkerConfig
 from worker_svc.model_runner import ModelRunner
 from worker_svc.worker import Worker
 
@@ -92,6 +92,7 @@ def time_runner(runner: ModelRunner, steps: list[pb.SchedulerOutput]) -> list[fl
         batch = runner.input_batch
         for row in range(batch.num_reqs):
             state = batch.states[row]
+            assert state is not None  # rows below num_reqs are occupied
             state.output_token_ids.append(9)
             batch.append_token(row, 9)
     return times[1:]  # the first step adds every request in both variants

@@ -16,8 +16,8 @@ import time
 from batchwire.v1 import worker_pb2 as pb
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.sampling_params import SamplingParams
-from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.core.scheduler import Scheduler
 
 
 def answer(so: pb.SchedulerOutput, token: int) -> pb.ModelRunnerOutput:
@@ -79,7 +79,7 @@ def main() -> None:
 
     tokenizer = None
     if args.tokenizer:
-        from scheduler_svc.tokenizer import load_tokenizer
+        from scheduler_svc.core.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(None)
     sched_us, update_us, sizes = measure(

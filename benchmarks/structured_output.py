@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from scheduler_svc.llm import LLM
-from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.engine.llm import LLM
 
 SCHEMA = {  # what the requests are asked to write; long enough not to end within --max-tokens
     "type": "object",
@@ -63,7 +63,7 @@ def run_batch(llm: LLM, prompts: list[list[int]], params: list[SamplingParams],
     decodes one token."""
     engine = llm.engine
     for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
-        engine.add_request(p, sp, client_id=f"r{i}")
+        engine.add_request(p, sp, request_id=f"r{i}")
     steps, masks = [], []
     while engine.has_requests():
         timer.calls.clear()

@@ -11,6 +11,7 @@ utilisation against this run's measured matmul peak, and where a step's time goe
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from benchmarks.offline_w64 import load_transformers, run_batchwire, run_transfo
 from benchmarks.report import Report, bars, fmt, spread
 from benchmarks.step_profile import PARTS, profile_step
 from benchmarks.workloads import Workload, random_fixed, token_counts, w64
+from scheduler_svc.executors.uni import UniProcExecutor
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,8 +49,9 @@ def workload_of(args: argparse.Namespace) -> tuple[str, Workload]:
 
 
 def run(args: argparse.Namespace) -> None:
-    from scheduler_svc.llm import LLM
-    from worker_svc.model_files import resolve_model_path
+    from batchwire.common.model_files import resolve_model_path
+
+    from scheduler_svc.engine.llm import LLM
 
     name, workload = workload_of(args)
     prompt_tokens, useful = token_counts(workload)
@@ -69,7 +72,8 @@ def run(args: argparse.Namespace) -> None:
         hf = load_transformers(args.model, args.dtype)
         run_transformers(hf, workload[:2], 2)
         for b in sizes:
-            configs[f"transformers batch {b}"] = lambda b=b: run_transformers(hf, workload, b)
+            run = functools.partial(run_transformers, hf, workload, b)
+            configs[f"transformers batch {b}"] = run
     path = resolve_model_path(args.model)
     skipped = "--no-llamacpp" if args.no_llamacpp else skip_reason(path)
     if skipped is None:
@@ -89,8 +93,11 @@ def run(args: argparse.Namespace) -> None:
             # so that a burst of load from elsewhere at one moment does not set it.
             peaks.append(peak_matmul_flops(args.dtype))
     profile = profile_step(engines["uni"], workload) if "uni" in engines else None
-    params = sum(p.numel() for p in engines["uni"].engine.executor.worker.model.parameters()) \
-        if "uni" in engines else None
+    params = None
+    if "uni" in engines:
+        executor = engines["uni"].engine.executor
+        assert isinstance(executor, UniProcExecutor)  # the model is in this process
+        params = sum(p.numel() for p in executor.worker.model.parameters())
     for llm in engines.values():
         llm.shutdown()
 

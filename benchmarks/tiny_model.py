@@ -13,7 +13,7 @@ def tiny_model(folder: str | Path) -> str:
         return str(folder)
     import transformers
 
-    from scheduler_svc.tokenizer import load_tokenizer
+    from scheduler_svc.core.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(None)  # the prompts' ids and the stop token stay meaningful
     config = transformers.LlamaConfig(

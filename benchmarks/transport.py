@@ -32,9 +32,9 @@ import zmq
 from batchwire.v1 import worker_pb2 as pb
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.executor import UniProcExecutor
-from scheduler_svc.sampling_params import SamplingParams
-from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.executors.uni import UniProcExecutor
 
 SERVICE = "batchwire.v1.Worker"
 
@@ -97,7 +97,8 @@ class NullWorker:
 
 
 def serve_null(ready_file: str) -> None:
-    from worker_svc.config import WorkerConfig
+    from batchwire.common.worker_config import WorkerConfig
+
     from worker_svc.server.serve import ServeOptions, serve
 
     options = ServeOptions(host="127.0.0.1", grpc_port=0, zmq_port=0, ready_file=ready_file)
@@ -248,8 +249,8 @@ def measure_steps(requests: int, num_steps: int, rounds: int
                   ) -> tuple[dict[str, list[list[float]]], list[int], int]:
     """Microseconds per step of each case, a list per round (the cases take turns in each);
     the SchedulerOutput sizes and the ModelRunnerOutput size in bytes."""
-    from scheduler_svc.grpc_executor import GrpcExecutor
-    from scheduler_svc.zmq_executor import ZmqExecutor
+    from scheduler_svc.executors.grpc_executor import GrpcExecutor
+    from scheduler_svc.executors.zmq_executor import ZmqExecutor
 
     steps = steady_decode_steps(requests)
     so_bytes = [s.ByteSize() for s in steps]
@@ -320,7 +321,7 @@ def run_w64(args: argparse.Namespace, step_us: dict[str, float] | None = None) -
     import torch
 
     from benchmarks.workloads import w64
-    from scheduler_svc.llm import LLM
+    from scheduler_svc.engine.llm import LLM
 
     # The same compute for all three. NOTE: on a busy 2-core machine torch's 2-thread OpenMP
     # regions run many times slower on a process's main thread (where the in-process worker

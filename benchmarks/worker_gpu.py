@@ -23,9 +23,10 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from batchwire.common.worker_config import WorkerConfig  # noqa: E402
+
 from tests.parity import assert_greedy_parity, hf_greedy  # noqa: E402
 from tests.worker.step_driver import StepDriver, greedy  # noqa: E402
-from worker_svc.config import WorkerConfig  # noqa: E402
 from worker_svc.worker import Worker  # noqa: E402
 
 TINY = dict(

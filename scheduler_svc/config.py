@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # worker_svc.config imports torch, which a scheduler driving remote workers
-    from worker_svc.config import WorkerConfig  # does not need
-    from worker_svc.security import ClientTls
+from batchwire.common.tls import ClientTls
+from batchwire.common.worker_config import WorkerConfig
 
 POLICIES = ("fcfs", "priority")
 
@@ -80,8 +78,6 @@ class SchedulerConfig:
 
     def worker_config(self) -> WorkerConfig:
         """The settings of an in-process worker that matches this scheduler."""
-        from worker_svc.config import WorkerConfig
-
         return WorkerConfig(
             model=self.model,
             dtype=self.dtype,
@@ -92,4 +88,5 @@ class SchedulerConfig:
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_logprobs=self.max_logprobs,
             seed=self.seed,
+            tensor_parallel_size=self.tensor_parallel_size,
         )

@@ -1,4 +1,5 @@
-"""Session-wide fixtures: the embedded default model, loaded once per test session."""
+"""Session-wide fixtures: the embedded default model, loaded once per test session, and a tiny
+random Llama checkpoint for tests that need a real model but not its answers."""
 
 from __future__ import annotations
 
@@ -6,8 +7,25 @@ import os
 
 import pytest
 import torch
+from batchwire.common.model_files import default_model_path
 
-from worker_svc.model_files import default_model_path
+TINY_LLAMA = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+    initializer_range=0.3,  # peaked logits: greedy choices are not near-ties
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory) -> str:
+    """A random two-layer Llama checkpoint (config.json + safetensors), no tokenizer."""
+    import transformers
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**TINY_LLAMA))
+    model.save_pretrained(path, safe_serialization=True)
+    return str(path)
 
 
 @pytest.fixture(scope="session")
@@ -36,7 +54,8 @@ def hf_default_model(default_model_file):
 @pytest.fixture(scope="session")
 def default_worker():
     """The real default model in a float32 worker (the parity tests' dtype)."""
-    from worker_svc.config import WorkerConfig
+    from batchwire.common.worker_config import WorkerConfig
+
     from worker_svc.worker import Worker
 
     return Worker(

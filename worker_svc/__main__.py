@@ -13,26 +13,15 @@ import logging
 import os
 import sys
 
-from worker_svc.config import DTYPES, WorkerConfig
+from batchwire.common.sizes import byte_size
+from batchwire.common.worker_config import DTYPES, WorkerConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
-_UNITS = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
 
 def _env(name: str, default):
     """Options also come from BATCHWIRE_<NAME> environment variables, for containers."""
     return os.environ.get(f"BATCHWIRE_{name.upper()}", default)
-
-
-def byte_size(text: str) -> int:
-    """'1073741824', '512M' or '1G'."""
-    text = str(text).strip().lower().removesuffix("ib").removesuffix("b")
-    unit = _UNITS.get(text[-1:], 1)
-    number = text[:-1] if text[-1:] in _UNITS else text
-    try:
-        return int(float(number) * unit)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a size in bytes: {text!r} (e.g. 512M, 1G)") from None
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
@@ -214,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_one(args: argparse.Namespace) -> int:
-    from worker_svc.security import ServerTls
+    from batchwire.common.tls import ServerTls
+
     from worker_svc.server.serve import LoadInterrupted, ServeOptions, serve
 
     rank = int(args.rank or 0)

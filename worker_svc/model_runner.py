@@ -14,11 +14,11 @@ import dataclasses
 
 import numpy as np
 import torch
+from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2
 
 import kernels
 from kernels import AttentionMetadata
-from worker_svc.config import WorkerConfig
 from worker_svc.forward_context import set_forward_context
 from worker_svc.input_batch import CachedRequestState, InputBatch
 from worker_svc.models.llama import LlamaForCausalLM
@@ -32,6 +32,7 @@ from worker_svc.spec_decode_metadata import (
 from worker_svc.spec_decode_output import record_verified
 from worker_svc.validation import (
     InvalidStepError,
+    StepLimits,
     validate_grammar_output,
     validate_scheduler_output,
 )
@@ -47,17 +48,6 @@ class ExecuteModelState:
     logits: torch.Tensor
     discard: np.ndarray  # [num_reqs] bool: rows still mid-prefill, whose samples are dropped
     spec: SpecDecodeMetadata | None = None  # the step's draft layout; None = no drafts
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StepLimits:
-    vocab_size: int
-    num_blocks: int
-    block_size: int
-    max_model_len: int
-    max_num_reqs: int
-    max_num_batched_tokens: int
-    max_logprobs: int
 
 
 class ModelRunner:
@@ -89,7 +79,6 @@ class ModelRunner:
         self.query_start_loc_np = np.zeros(max_reqs + 1, dtype=np.int32)  # [reqs + 1]
         self.seq_lens_np = np.zeros(max_reqs, dtype=np.int32)  # [reqs]
 
-    # -- the two calls ---------------------------------------------------------------------------
 
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
         if self.execute_model_state is not None:
@@ -154,7 +143,6 @@ class ModelRunner:
         self.input_batch.condense()
         self.execute_model_state = None
 
-    # -- the diff ------------------------------------------------------------------------------
 
     def _update_states(self, so: worker_pb2.SchedulerOutput) -> None:
         batch = self.input_batch
@@ -229,7 +217,6 @@ class ModelRunner:
             self.sampler.skip_draws(generator, self.vocab_size, num_drawn)
         return generator
 
-    # -- the layout ----------------------------------------------------------------------------
 
     def _num_scheduled_per_row(self, so: worker_pb2.SchedulerOutput) -> np.ndarray:
         batch = self.input_batch
@@ -303,7 +290,6 @@ class ModelRunner:
             return host
         return host.to(self.device, non_blocking=True)
 
-    # -- the output ----------------------------------------------------------------------------
 
     def _record_sampled(
         self, sampled: SamplerOutput, discard: np.ndarray

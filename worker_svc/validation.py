@@ -5,6 +5,7 @@ A bad SchedulerOutput or GrammarOutput is refused whole, so the persistent batch
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
@@ -23,7 +24,10 @@ class _KnownRequest(Protocol):
     sampling: worker_pb2.RequestSamplingParams
 
 
-class StepLimits(Protocol):
+@dataclasses.dataclass(frozen=True, slots=True)
+class StepLimits:
+    """What a step may ask of this runner: its vocabulary, KV pool and batch sizes."""
+
     vocab_size: int
     num_blocks: int
     block_size: int

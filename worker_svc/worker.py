@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import logging
+from typing import cast
 
 import torch
+from batchwire.common.model_files import model_name, resolve_model_path
+from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2
 
 from kernels.kv_cache import kv_cache_zeros
-from worker_svc.config import WorkerConfig
 from worker_svc.loaders.weights import load_model
-from worker_svc.model_files import model_name, resolve_model_path
 from worker_svc.model_runner import ModelRunner
-from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.models.llama import Attention, LlamaForCausalLM
 from worker_svc.parallel import TensorParallel, init_distributed
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 def kv_cache_block_bytes(model: LlamaForCausalLM, config: WorkerConfig) -> int:
     cfg = model.config
-    element = torch.empty(0, dtype=config.torch_dtype).element_size()
+    element = torch.empty(0, dtype=getattr(torch, config.dtype)).element_size()
     # Sized by the largest rank share, so every rank of an uneven split has the same block count.
     kv_heads = -(-cfg.num_kv_heads // model.tp.size)
     return 2 * cfg.num_layers * config.block_size * kv_heads * cfg.head_dim * element
@@ -39,9 +40,9 @@ def allocate_kv_cache(model: LlamaForCausalLM, config: WorkerConfig) -> int:
     cfg = model.config
     shape = (num_blocks, config.block_size, model.plan.num_kv_heads, cfg.head_dim)
     for layer in model.layers:
-        attn = layer.self_attn
-        attn.k_cache = kv_cache_zeros(*shape, config.torch_dtype, config.device)
-        attn.v_cache = kv_cache_zeros(*shape, config.torch_dtype, config.device)
+        attn = cast(Attention, layer.self_attn)
+        attn.k_cache = kv_cache_zeros(*shape, getattr(torch, config.dtype), config.device)
+        attn.v_cache = kv_cache_zeros(*shape, getattr(torch, config.dtype), config.device)
     return int(num_blocks)
 
 
@@ -52,7 +53,7 @@ class Worker:
         self.tp = TensorParallel(config.rank, config.tensor_parallel_size)
         init_distributed(self.tp, config.distributed_init_method, config.device)
         self.model = load_model(
-            self.model_path, config.torch_dtype, config.device, config.max_model_len, self.tp
+            self.model_path, getattr(torch, config.dtype), config.device, config.max_model_len, self.tp
         )
         self.num_blocks = allocate_kv_cache(self.model, config)
         self.runner = ModelRunner(config, self.model, self.num_blocks)

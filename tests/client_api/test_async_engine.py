@@ -10,16 +10,17 @@ import grpc
 import pytest
 
 from scheduler_svc import SamplingParams
-from scheduler_svc.async_engine import (
+from scheduler_svc.core.errors import InvalidRequestError, QueueFullError
+from scheduler_svc.engine.async_engine import (
     AsyncEngine,
     EngineDeadError,
     NotAdmittingError,
     RequestIdInUseError,
 )
-from scheduler_svc.errors import InvalidRequestError, QueueFullError
-from scheduler_svc.server import ServerConfig
-from scheduler_svc.status_codes import NotReadyError, status_for
-from scheduler_svc.worker_errors import WorkerUnavailableError
+from scheduler_svc.engine.replicas import NoReplicaError
+from scheduler_svc.executors.errors import WorkerUnavailableError
+from scheduler_svc.service.server import ServerConfig
+from scheduler_svc.service.status_codes import NotReadyError, status_for
 from tests.scheduler.conftest import make_fake_engine
 from tests.scheduler.fake_worker import fake_greedy
 
@@ -158,6 +159,8 @@ def test_admission_refusals():
 
 
 def test_a_failed_worker_ends_every_stream_and_refuses_new_requests():
+    # The engine is a replicated one even over one worker group: when that group fails its
+    # requests end with UNAVAILABLE, and so do new ones until a group joins; the engine lives.
     async def main():
         engine, worker = _engine()
         died = []
@@ -167,6 +170,30 @@ def test_a_failed_worker_ends_every_stream_and_refuses_new_requests():
         await streams[0].__anext__()
         worker.fail = True
         for stream in streams:
+            with pytest.raises(WorkerUnavailableError):
+                await _drain(stream)
+        assert engine.num_active == 0 and not died and engine.dead is None
+        with pytest.raises(NoReplicaError):
+            await engine.add_request("after", PROMPT, _params(2))
+        engine.shutdown()
+
+    run(main())
+
+
+def test_an_engine_error_ends_every_stream_and_refuses_new_requests():
+    async def main():
+        engine, worker = _engine()
+        died = []
+        engine.on_dead = died.append
+        engine.start()
+        streams = [await engine.add_request(f"s{i}", PROMPT, _params(50)) for i in range(3)]
+        await streams[0].__anext__()
+
+        def broken(so):
+            raise RuntimeError("a bug in the engine")
+
+        worker.execute_model = broken
+        for stream in streams:
             with pytest.raises(EngineDeadError):
                 await _drain(stream)
         assert died and engine.num_active == 0
@@ -175,15 +202,6 @@ def test_a_failed_worker_ends_every_stream_and_refuses_new_requests():
         engine.shutdown()
 
     run(main())
-
-
-class _LostReplica(WorkerUnavailableError):
-    """What ReplicatedEngine.step raises when some requests lost their worker group."""
-
-    def __init__(self, request_ids, outputs):
-        super().__init__("no worker replica left")
-        self.request_ids = request_ids
-        self.outputs = outputs
 
 
 def test_a_lost_replica_fails_only_its_requests():
@@ -196,10 +214,11 @@ def test_a_lost_replica_fails_only_its_requests():
         def step():
             outputs = real_step()
             if not lost and engine.num_active == 2:
-                victim = next(k for k in engine._streams if k.endswith("-lost"))
+                victim = "lost"  # what ReplicatedEngine.step raises when its replica failed
                 core.abort_requests([victim])
                 lost["key"] = victim
-                raise _LostReplica([victim], [o for o in outputs if o.request_id != victim])
+                raise NoReplicaError("no worker replica left", [victim],
+                                     [o for o in outputs if o.request_id != victim])
             return outputs
 
         core.step = step

@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from batchwire.common.sizes import byte_size
 
-from scheduler_svc.cli import build_parser, byte_size, main
+from scheduler_svc.cli import build_parser, main
 from tests.client_api.server_process import REPO, collect, greedy, text_request
 
 

@@ -105,21 +105,5 @@ def dev_cpu(kubectl) -> list[dict]:
     return [d for d in yaml.safe_load_all(render(kubectl, "dev-cpu")) if d]
 
 
-TINY_LLAMA = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-    initializer_range=0.3,
-)
 
 
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory) -> str:
-    """A random two-layer Llama checkpoint (config.json + safetensors), no tokenizer."""
-    import torch
-    import transformers
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**TINY_LLAMA))
-    model.save_pretrained(path, safe_serialization=True)
-    return str(path)

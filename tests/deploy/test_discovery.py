@@ -9,7 +9,7 @@ from concurrent.futures import Future
 
 import pytest
 
-from scheduler_svc.discovery import (
+from scheduler_svc.service.discovery import (
     TP_ANNOTATION,
     EngineMembership,
     PodWatcher,

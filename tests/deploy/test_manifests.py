@@ -303,7 +303,7 @@ def test_autoscaler_targets_the_worker_statefulset(docs, overlay):
     assert behavior["scaleUp"]["stabilizationWindowSeconds"] >= 60
     assert behavior["scaleDown"]["stabilizationWindowSeconds"] >= 300
     # The metrics are ones the scheduler exports.
-    from scheduler_svc.metrics import SchedulerMetrics
+    from scheduler_svc.service.metrics import SchedulerMetrics
 
     exported = {m.name for m in SchedulerMetrics().registry.collect()}
     names = {m["external"]["metric"]["name"] for m in hpa["spec"]["metrics"]}

@@ -9,13 +9,13 @@ import time
 
 import grpc
 import pytest
+from batchwire.common.tls import ClientTls, ServerTls, add_port, channel
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 
-from scheduler_svc.security import ApiKeyInterceptor, ApiKeys, bearer_token
-from worker_svc.security import ClientTls, ServerTls, add_port, channel
+from scheduler_svc.service.security import ApiKeyInterceptor, ApiKeys, bearer_token
 
 from .certs import make_ca, make_cert
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import grpc
 import pytest
+from batchwire.common.tls import ClientTls
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.grpc_executor import GrpcExecutor
-from scheduler_svc.worker_errors import WorkerUnavailableError
-from worker_svc.security import ClientTls
+from scheduler_svc.executors.errors import WorkerUnavailableError
+from scheduler_svc.executors.grpc_executor import GrpcExecutor
 
 from .certs import make_ca, make_cert
 from .processes import worker

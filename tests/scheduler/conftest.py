@@ -6,9 +6,9 @@ import pytest
 from batchwire.v1 import worker_pb2
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.engine_core import EngineCore
-from scheduler_svc.executor import UniProcExecutor
-from scheduler_svc.scheduler import Scheduler
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.engine.engine_core import EngineCore
+from scheduler_svc.executors.uni import UniProcExecutor
 
 from .fake_worker import FakeWorker
 

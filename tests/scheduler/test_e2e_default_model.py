@@ -69,7 +69,7 @@ def test_requests_arriving_mid_run_match_transformers(e2e_llm, hf_default_model,
     step = 0
     while step < len(prompt_ids) or engine.has_requests():
         if step < len(prompt_ids):  # one new request per step, joining a running batch
-            engine.add_request(prompt_ids[step], GREEDY, client_id=str(step))
+            engine.add_request(prompt_ids[step], GREEDY, request_id=str(step))
         for out in engine.step():
             tokens[out.request_id] += out.new_token_ids
         step += 1

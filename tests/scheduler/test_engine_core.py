@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.executor import Executor, ExecutorNotAvailableError, UniProcExecutor
-from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.executors.base import Executor
+from scheduler_svc.executors.uni import UniProcExecutor
 
 from .conftest import make_config, make_fake_engine, make_prompt
 from .fake_worker import fake_greedy
@@ -39,13 +38,9 @@ def test_get_class_refuses_what_is_not_an_executor(backend, error):
 
 
 @pytest.mark.parametrize("backend", ["grpc", "zmq"])
-def test_remote_backends_are_a_clear_error_until_they_exist(backend):
-    module = f"scheduler_svc.{backend}_executor"
-    if importlib.util.find_spec(module) is not None:
-        assert issubclass(Executor.get_class(make_config(executor_backend=backend)), Executor)
-    else:
-        with pytest.raises(ExecutorNotAvailableError, match=backend):
-            Executor.get_class(make_config(executor_backend=backend))
+def test_remote_backends_resolve_to_their_transport(backend):
+    cls = Executor.get_class(make_config(executor_backend=backend))
+    assert issubclass(cls, Executor) and cls.transport == backend
 
 
 def test_uni_futures_are_resolved_and_carry_worker_exceptions():
@@ -70,45 +65,45 @@ def test_engine_generates_what_the_model_gives_alone():
     prompts = [make_prompt(n, 3 * n) for n in (5, 12, 3)]
     prompts = [[t % 64 for t in p] for p in prompts]
     reqs = [engine.add_request(p, GREEDY) for p in prompts]
-    tokens = {r.client_id: [] for r in reqs}
+    tokens = {r.request_id: [] for r in reqs}
     while engine.has_requests():
         for out in engine.step():
             tokens[out.request_id] += out.new_token_ids
-    assert [tokens[r.client_id] for r in reqs] == [fake_greedy(p, 8, 64) for p in prompts]
+    assert [tokens[r.request_id] for r in reqs] == [fake_greedy(p, 8, 64) for p in prompts]
 
 
 def test_abort_frees_blocks_at_once_and_the_worker_hears_next_step():
     engine, worker = make_fake_engine(32, 4, max_model_len=64)
     kv = engine.scheduler.kv
-    a = engine.add_request([3] * 10, GREEDY, client_id="a")
-    engine.add_request([4] * 6, GREEDY, client_id="b")
+    a = engine.add_request([3] * 10, GREEDY, request_id="a")
+    engine.add_request([4] * 6, GREEDY, request_id="b")
     engine.step()
     free_before = kv.num_free_blocks
     outs = engine.abort_requests(["a"])
     assert [(o.request_id, o.finished, o.finish_reason) for o in outs] == [("a", True, "abort")]
     assert kv.num_free_blocks == free_before + 3  # a's blocks, before any further step
-    assert a.request_id in worker.requests
+    assert a.wire_id in worker.requests
     engine.step()
-    assert list(worker.seen_outputs[-1].finished_req_ids) == [a.request_id]
-    assert a.request_id not in worker.requests
+    assert list(worker.seen_outputs[-1].finished_req_ids) == [a.wire_id]
+    assert a.wire_id not in worker.requests
 
 
 def test_abort_of_the_last_request_still_reaches_the_worker():
     engine, worker = make_fake_engine(32, 4, max_model_len=64)
-    a = engine.add_request([3] * 5, GREEDY, client_id="a")
+    a = engine.add_request([3] * 5, GREEDY, request_id="a")
     engine.step()
     engine.abort_requests(["a"])
     assert engine.has_requests()  # a zero-token step is owed to the worker
     assert engine.step() == []
     assert worker.seen_outputs[-1].total_num_scheduled_tokens == 0
-    assert a.request_id not in worker.requests and not engine.has_requests()
+    assert a.wire_id not in worker.requests and not engine.has_requests()
 
 
 def test_abort_of_a_waiting_request_never_reaches_the_worker():
     engine, worker = make_fake_engine(32, 4, max_model_len=64, max_num_seqs=1,
                                       max_num_batched_tokens=64)
-    engine.add_request([3] * 5, GREEDY, client_id="a")
-    engine.add_request([4] * 5, GREEDY, client_id="b")
+    engine.add_request([3] * 5, GREEDY, request_id="a")
+    engine.add_request([4] * 5, GREEDY, request_id="b")
     engine.step()
     engine.abort_requests(["b", "unknown"])
     engine.step()

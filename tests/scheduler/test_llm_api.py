@@ -6,7 +6,7 @@ import pytest
 from batchwire.v1 import worker_pb2
 
 from scheduler_svc import LLM, InvalidRequestError, SamplingParams
-from scheduler_svc.executor import UniProcExecutor
+from scheduler_svc.executors.uni import UniProcExecutor
 
 from .conftest import ByteTokenizer, fake_output, make_config, make_prompt, make_scheduler
 from .fake_worker import FakeWorker, fake_greedy
@@ -65,5 +65,5 @@ def test_priority_policy_admits_lowest_value_then_earliest():
                            arrival_time=float(i)) for i, p in enumerate((2, 0, 1, 0))]
     so = s.schedule()
     wanted = [order[1], order[3], order[2], order[0]]
-    assert [n.req_id for n in so.scheduled_new_reqs] == [r.request_id for r in wanted]
+    assert [n.req_id for n in so.scheduled_new_reqs] == [r.wire_id for r in wanted]
     assert isinstance(so, worker_pb2.SchedulerOutput)

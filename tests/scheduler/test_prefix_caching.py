@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.block_pool import BlockPool
-from scheduler_svc.kv_cache_manager import KVCacheManager
-from scheduler_svc.request import Request
-from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.core.block_pool import BlockPool
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.request import Request
+from scheduler_svc.core.sampling_params import SamplingParams
 
 from .conftest import make_prompt, make_scheduler, run_step
 
@@ -23,7 +23,7 @@ def allocate(kv: KVCacheManager, request: Request) -> list[int]:
     hits, num_hit = kv.get_computed_blocks(request)
     assert kv.allocate_slots(request, request.num_tokens - num_hit, hits, num_hit) is not None
     request.num_computed_tokens = request.num_tokens
-    return kv.block_ids(request.request_id)
+    return kv.block_ids(request.wire_id)
 
 
 def test_shared_48_token_prefix_hits_three_blocks_with_refcount_two():
@@ -34,10 +34,10 @@ def test_shared_48_token_prefix_hits_three_blocks_with_refcount_two():
     b = s.add_request(prefix + make_prompt(5, 200), PARAMS)
     so, _ = run_step(s)
     (new,) = so.scheduled_new_reqs
-    assert new.req_id == b.request_id
+    assert new.req_id == b.wire_id
     assert new.num_computed_tokens == 48 and new.num_scheduled_tokens == 5
-    a_blocks = s.kv.req_to_blocks[a.request_id]
-    b_blocks = s.kv.req_to_blocks[b.request_id]
+    a_blocks = s.kv.req_to_blocks[a.wire_id]
+    b_blocks = s.kv.req_to_blocks[b.wire_id]
     assert b_blocks[:3] == a_blocks[:3]
     assert [blk.ref_cnt for blk in b_blocks] == [2, 2, 2, 1]
     assert list(new.block_ids) == [blk.block_id for blk in b_blocks]
@@ -125,7 +125,7 @@ def test_allocation_that_does_not_fit_changes_nothing():
     kv = KVCacheManager(num_blocks=4, block_size=4)
     big = make_request("big", make_prompt(20))
     assert kv.allocate_slots(big, 20) is None
-    assert big.request_id not in kv.req_to_blocks and kv.num_free_blocks == 3
+    assert big.wire_id not in kv.req_to_blocks and kv.num_free_blocks == 3
     kv.check_invariants()
 
 

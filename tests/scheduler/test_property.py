@@ -8,7 +8,7 @@ import dataclasses
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.core.sampling_params import SamplingParams
 
 from .conftest import make_fake_engine
 
@@ -66,7 +66,7 @@ def run(num_blocks, block_size, config, arrivals, main_run=False):
     while step <= max(a.step for a in arrivals) or engine.has_requests():
         for i, a in enumerate(arrivals):
             if a.step == step:
-                engine.add_request(a.prompt, a.params, client_id=str(i), priority=a.priority)
+                engine.add_request(a.prompt, a.params, request_id=str(i), priority=a.priority)
         outputs = engine.abort_requests([str(i) for i, a in enumerate(arrivals)
                                          if a.abort_step == step])
         outputs += engine.step()

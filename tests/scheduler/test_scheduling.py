@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.request import RequestStatus
-from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.core.request import RequestStatus
+from scheduler_svc.core.sampling_params import SamplingParams
 
 from .conftest import make_fake_engine, make_prompt, make_scheduler, run_step, scheduled_tokens
 
@@ -14,18 +14,18 @@ GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
 
 def counts(so, requests) -> list[int]:
     sched = scheduled_tokens(so)
-    return [sched.get(r.request_id, 0) for r in requests]
+    return [sched.get(r.wire_id, 0) for r in requests]
 
 
 def test_requests_keep_arrival_order():
     s = make_scheduler(max_num_batched_tokens=64, max_num_seqs=8)
     reqs = [s.add_request(make_prompt(10, 1000 * i), GREEDY) for i in range(5)]
     so, _ = run_step(s)
-    assert [r.req_id for r in so.scheduled_new_reqs] == [r.request_id for r in reqs[:5]]
+    assert [r.req_id for r in so.scheduled_new_reqs] == [r.wire_id for r in reqs[:5]]
     assert counts(so, reqs) == [10, 10, 10, 10, 10]
     so, _ = run_step(s)
     # Running requests come first, in admission order, as deltas only.
-    assert list(so.scheduled_cached_reqs.req_ids) == [r.request_id for r in reqs]
+    assert list(so.scheduled_cached_reqs.req_ids) == [r.wire_id for r in reqs]
     assert len(so.scheduled_new_reqs) == 0
 
 
@@ -38,7 +38,7 @@ def test_chunked_prefill_long_prompts_share_the_budget():
     so2, out2 = run_step(s)
     assert counts(so2, reqs) == [400, 400, 224]
     assert list(so2.scheduled_cached_reqs.num_computed_tokens) == [400, 400, 224]
-    assert [o.request_id for o in out2] == [reqs[0].client_id, reqs[1].client_id]
+    assert [o.request_id for o in out2] == [reqs[0].request_id, reqs[1].request_id]
     so3, _ = run_step(s)
     assert counts(so3, reqs) == [1, 1, 352]
     assert so3.total_num_scheduled_tokens == 354
@@ -100,8 +100,8 @@ def test_preemption_victim_by_policy(policy, victim):
     so, _ = run_step(s)
     sched = scheduled_tokens(so)
     assert reqs[victim].status == RequestStatus.PREEMPTED
-    assert reqs[victim].request_id not in sched
-    assert sorted(sched) == sorted(r.request_id for k, r in reqs.items() if k != victim)
+    assert reqs[victim].wire_id not in sched
+    assert sorted(sched) == sorted(r.wire_id for k, r in reqs.items() if k != victim)
     assert so.total_num_scheduled_tokens == sum(sched.values())
     s.kv.check_invariants()
 
@@ -118,9 +118,9 @@ def test_resumed_request_gets_its_whole_block_table():
         so, _ = run_step(s)
     assert a.is_finished
     cached = so.scheduled_cached_reqs
-    assert list(cached.resumed_req_ids) == [b.request_id]
-    i = list(cached.req_ids).index(b.request_id)
-    assert list(cached.new_block_ids[i].ids) == s.kv.block_ids(b.request_id)
+    assert list(cached.resumed_req_ids) == [b.wire_id]
+    i = list(cached.req_ids).index(b.wire_id)
+    assert list(cached.new_block_ids[i].ids) == s.kv.block_ids(b.wire_id)
     assert cached.num_computed_tokens[i] == 0 and cached.num_scheduled_tokens[i] == 9
 
 
@@ -131,12 +131,12 @@ def test_preempted_request_completes_with_the_same_tokens():
     def run(num_blocks):
         engine, _ = make_fake_engine(num_blocks, 4, max_model_len=32, max_num_batched_tokens=32)
         reqs = [engine.add_request(p, params) for p in prompts]
-        tokens = {r.client_id: [] for r in reqs}
+        tokens = {r.request_id: [] for r in reqs}
         while engine.has_requests():
             for out in engine.step():
                 tokens[out.request_id] += out.new_token_ids
         engine.scheduler.kv.check_invariants()
-        return [tokens[r.client_id] for r in reqs], sum(r.num_preemptions for r in reqs)
+        return [tokens[r.request_id] for r in reqs], sum(r.num_preemptions for r in reqs)
 
     tight, num_preemptions = run(num_blocks=9)
     roomy, none = run(num_blocks=64)

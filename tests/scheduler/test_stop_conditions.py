@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler_svc.detokenizer import IncrementalDetokenizer
-from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.core.detokenizer import IncrementalDetokenizer
+from scheduler_svc.core.sampling_params import SamplingParams
 
 from .conftest import ByteTokenizer, make_prompt, make_scheduler, run_step
 
@@ -72,7 +72,7 @@ def test_finished_request_frees_its_blocks_and_tells_the_worker_next_step():
     assert s.kv.num_free_blocks == 9 and not s.requests
     s.add_request(make_prompt(3), SamplingParams(max_tokens=1))
     so, _ = run_step(s)
-    assert list(so.finished_req_ids) == [r.request_id]
+    assert list(so.finished_req_ids) == [r.wire_id]
     so, _ = run_step(s)
     assert len(so.finished_req_ids) == 1  # the second request, once
 

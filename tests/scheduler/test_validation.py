@@ -8,8 +8,9 @@ import pytest
 
 from scheduler_svc import InvalidRequestError, QueueFullError, SamplingParams
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.errors import RequestIdInUseError
 
-from .conftest import make_prompt, make_scheduler
+from .conftest import make_fake_engine, make_prompt, make_scheduler
 
 VOCAB = 1000
 
@@ -88,11 +89,16 @@ def test_full_queue_is_refused():
         s.add_request(make_prompt(4), SamplingParams())
 
 
-def test_duplicate_client_id_is_refused_while_running():
-    s = make_scheduler()
-    s.add_request(make_prompt(4), SamplingParams(), client_id="x")
-    with pytest.raises(InvalidRequestError, match="already running"):
-        s.add_request(make_prompt(4), SamplingParams(), client_id="x")
+def test_duplicate_request_id_is_refused_while_running():
+    # The engine keeps the map from the client's id to the request, so the engine refuses.
+    engine, _ = make_fake_engine(32, 4, max_model_len=64)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    engine.add_request([3, 4, 5, 6], params, request_id="x")
+    with pytest.raises(RequestIdInUseError, match="already in use"):
+        engine.add_request([3, 4, 5, 6], params, request_id="x")
+    while engine.has_requests():
+        engine.step()
+    engine.add_request([3, 4, 5, 6], params, request_id="x")  # free again once finished
 
 
 @pytest.mark.parametrize("kwargs, word", [

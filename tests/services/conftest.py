@@ -13,7 +13,6 @@ import time
 import grpc
 import pytest
 import torch
-import transformers
 import zmq
 
 from scheduler_svc.config import SchedulerConfig
@@ -21,11 +20,6 @@ from scheduler_svc.config import SchedulerConfig
 STARTUP_TIMEOUT_S = 90.0
 SERVICE = "batchwire.v1.Worker"
 
-TINY_LLAMA = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-    initializer_range=0.3,  # peaked logits: greedy choices are not near-ties
-)
 
 # The worker's limits; scheduler_config() matches them.
 LIMITS = dict(max_num_reqs=16, max_model_len=512, max_num_batched_tokens=512)
@@ -51,13 +45,6 @@ def one_torch_thread():
         os.environ["OMP_NUM_THREADS"] = env
 
 
-@pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(transformers.LlamaConfig(**TINY_LLAMA))
-    model.save_pretrained(path, safe_serialization=True)
-    return str(path)
 
 
 def scheduler_config(model: str, backend: str = "uni", addresses: tuple[str, ...] = (),

@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from scheduler_svc.engine_core import EngineCore
-from scheduler_svc.executor import Executor
-from scheduler_svc.grpc_executor import GrpcExecutor
-from scheduler_svc.sampling_params import SamplingParams
-from scheduler_svc.worker_errors import WorkerError, WorkerUnavailableError
-from scheduler_svc.zmq_executor import ZmqExecutor
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.engine.engine_core import EngineCore
+from scheduler_svc.executors.base import Executor
+from scheduler_svc.executors.errors import WorkerError, WorkerUnavailableError
+from scheduler_svc.executors.grpc_executor import GrpcExecutor
+from scheduler_svc.executors.zmq_executor import ZmqExecutor
 
 from .conftest import scheduler_config
 
@@ -29,7 +29,7 @@ WORKLOAD = [([(17 * i + 3 * j) % 500 + 1 for j in range(n)], m)
 def run_workload(engine: EngineCore, workload=WORKLOAD) -> dict[str, list[int]]:
     for i, (prompt, max_tokens) in enumerate(workload):
         engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=max_tokens,
-                                                  ignore_eos=True), client_id=f"r{i}")
+                                                  ignore_eos=True), request_id=f"r{i}")
     tokens: dict[str, list[int]] = {}
     while engine.has_requests():
         for out in engine.step():
@@ -103,7 +103,7 @@ def test_dead_or_silent_worker_fails_the_executor_within_seconds(backend, sig, s
     try:
         for i, (prompt, max_tokens) in enumerate(long_workload()):
             engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=max_tokens,
-                                                      ignore_eos=True), client_id=f"r{i}")
+                                                      ignore_eos=True), request_id=f"r{i}")
         for _ in range(3):
             engine.step()
         worker.signal(sig, rank=0)

@@ -15,10 +15,10 @@ import time
 import grpc
 import pytest
 
-from scheduler_svc.engine_core import EngineCore
-from scheduler_svc.registry import WorkerRegistryServicer, add_registry_to_server
-from scheduler_svc.replicas import NoReplicaError, ReplicatedEngine
-from scheduler_svc.sampling_params import SamplingParams
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.engine.engine_core import EngineCore
+from scheduler_svc.engine.replicas import NoReplicaError, ReplicatedEngine
+from scheduler_svc.service.registry import WorkerRegistryServicer, add_registry_to_server
 
 from .conftest import scheduler_config
 
@@ -46,7 +46,7 @@ def reference(tiny_llama) -> dict[str, list[int]]:
     """Each request's tokens from an undisturbed in-process engine."""
     engine = EngineCore(scheduler_config(tiny_llama))
     for i, (prompt, max_tokens) in enumerate(WORKLOAD):
-        engine.add_request(prompt, mixed(i, max_tokens), client_id=f"r{i}")
+        engine.add_request(prompt, mixed(i, max_tokens), request_id=f"r{i}")
     tokens: dict[str, list[int]] = {}
     while engine.has_requests():
         for out in engine.step():
@@ -83,7 +83,7 @@ def test_replicas_share_the_load_with_the_same_tokens(start_worker, tiny_llama, 
     engine = ReplicatedEngine(config)
     try:
         for i, (prompt, max_tokens) in enumerate(WORKLOAD):
-            engine.add_request(prompt, mixed(i, max_tokens), client_id=f"r{i}")
+            engine.add_request(prompt, mixed(i, max_tokens), request_id=f"r{i}")
         assert [r.load for r in engine.replicas] == [NUM_REQUESTS // 2] * 2
         streams = Streams()
         while engine.has_requests():
@@ -101,7 +101,7 @@ def test_killed_replica_requests_move_and_finish_unchanged(backend, start_worker
     engine = ReplicatedEngine(config)
     try:
         for i, (prompt, max_tokens) in enumerate(WORKLOAD):
-            engine.add_request(prompt, mixed(i, max_tokens), client_id=f"r{i}")
+            engine.add_request(prompt, mixed(i, max_tokens), request_id=f"r{i}")
         streams = Streams()
         for _ in range(8):  # every request is mid-generation
             streams.take(engine.step())
@@ -126,7 +126,7 @@ def test_last_replica_killed_fails_its_requests_with_unavailable(start_worker, t
     engine = ReplicatedEngine(scheduler_config(tiny_llama, "zmq", (worker.address("zmq"),)))
     try:
         for i, (prompt, max_tokens) in enumerate(WORKLOAD[:3]):
-            engine.add_request(prompt, greedy(max_tokens), client_id=f"r{i}")
+            engine.add_request(prompt, greedy(max_tokens), request_id=f"r{i}")
         engine.step()
         worker.signal(signal.SIGKILL, rank=0)
         start = time.monotonic()
@@ -138,7 +138,7 @@ def test_last_replica_killed_fails_its_requests_with_unavailable(start_worker, t
         assert info.value.code == grpc.StatusCode.UNAVAILABLE
         assert not engine.has_requests()
         with pytest.raises(NoReplicaError):
-            engine.add_request([1, 2, 3], greedy(4), client_id="late")
+            engine.add_request([1, 2, 3], greedy(4), request_id="late")
     finally:
         engine.shutdown()
 
@@ -161,8 +161,8 @@ class EngineThread:
             while not self._stop.is_set():
                 while not self.inbox.empty():
                     client_id, prompt, params = self.inbox.get()
-                    self.engine.add_request(prompt, params, client_id=client_id)
-                    self.placed[client_id] = self.engine._owner[client_id].replica_id
+                    self.engine.add_request(prompt, params, request_id=client_id)
+                    self.placed[client_id] = self.engine._replica_of(client_id).replica_id
                 if self.engine.has_requests():
                     self.streams.take(self.engine.step())
                 else:

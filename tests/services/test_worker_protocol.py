@@ -8,11 +8,11 @@ import signal
 
 import grpc
 import pytest
+from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from worker_svc.config import WorkerConfig
 from worker_svc.worker import Worker
 
 from .conftest import LIMITS, WireClient

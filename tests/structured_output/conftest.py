@@ -7,7 +7,7 @@ import pytest
 
 from scheduler_svc import LLM
 from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.executor import UniProcExecutor
+from scheduler_svc.executors.uni import UniProcExecutor
 from tests.services.conftest import one_torch_thread  # noqa: F401 - autouse: here and in servers
 
 # Nested object, enum, integer bounds, required fields; bounded strings keep outputs short.

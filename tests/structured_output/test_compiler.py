@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from scheduler_svc import InvalidRequestError, SamplingParams
-from scheduler_svc.structured_output import Constraint, GrammarCompiler, RequestGrammar
-from scheduler_svc.structured_output.compiler import choice_grammar, unpack_row
+from scheduler_svc.core.structured_output import Constraint, GrammarCompiler, RequestGrammar
+from scheduler_svc.core.structured_output.compiler import choice_grammar, unpack_row
 
 from .conftest import COLOURS, DATE_REGEX, PERSON_SCHEMA
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from scheduler_svc import SamplingParams
-from scheduler_svc.structured_output.compiler import unpack_row
+from scheduler_svc.core.structured_output.compiler import unpack_row
 from tests.scheduler.conftest import fake_output, make_prompt, make_scheduler
 
 from .conftest import COLOURS
@@ -48,11 +48,11 @@ def test_only_constrained_requests_that_sample_get_a_row(scheduler, default_toke
     scheduler.update_from_output(so, fake_output(scheduler, so))
     so = scheduler.schedule()
     grammar_output = scheduler.get_grammar_bitmask(so)
-    assert list(grammar_output.req_ids) == [colour.request_id]  # the free request has no row
-    allowed = rows(grammar_output)[colour.request_id]
+    assert list(grammar_output.req_ids) == [colour.wire_id]  # the free request has no row
+    allowed = rows(grammar_output)[colour.wire_id]
     assert first_tokens(default_tokenizer, COLOURS) <= allowed
     assert all(any(c.startswith(default_tokenizer.decode([t])) for c in COLOURS) for t in allowed)
-    assert free.request_id not in grammar_output.req_ids
+    assert free.wire_id not in grammar_output.req_ids
 
 
 def test_matcher_follows_accepted_tokens_through_preemption(scheduler, default_tokenizer):
@@ -68,9 +68,9 @@ def test_matcher_follows_accepted_tokens_through_preemption(scheduler, default_t
     scheduler.running.remove(request)
     scheduler._preempt(request)
     so = scheduler.schedule()
-    assert request.request_id in so.scheduled_cached_reqs.resumed_req_ids
+    assert request.wire_id in so.scheduled_cached_reqs.resumed_req_ids
     grammar_output = scheduler.get_grammar_bitmask(so)
-    allowed = rows(grammar_output)[request.request_id]
+    allowed = rows(grammar_output)[request.wire_id]
     # The matcher is where the sampled token left it: the rest of "dark purple", no new start.
     assert tokens[1] in allowed
     assert not first_tokens(default_tokenizer, ["red", "green", "blue"]) & allowed
@@ -85,7 +85,7 @@ def test_the_grammar_ends_its_request_with_stop(scheduler, default_tokenizer):
     (out,) = scheduler.update_from_output(so, fake_output(scheduler, so, red))
     assert not out.finished
     so = scheduler.schedule()
-    assert rows(scheduler.get_grammar_bitmask(so)) == {request.request_id: {EOS}}
+    assert rows(scheduler.get_grammar_bitmask(so)) == {request.wire_id: {EOS}}
     # ignore_eos keeps the stop rules from ending it: the terminated grammar does.
     (out,) = scheduler.update_from_output(so, fake_output(scheduler, so, EOS))
     assert out.finished and out.finish_reason == "stop"

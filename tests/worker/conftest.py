@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from batchwire.common.worker_config import WorkerConfig
 
-from worker_svc.config import WorkerConfig
 from worker_svc.worker import Worker
 
 TINY = dict(

@@ -19,7 +19,8 @@ def free_port() -> int:
 
 
 def run_rank(model, rank, size, init_method, max_tokens, results):
-    from worker_svc.config import WorkerConfig
+    from batchwire.common.worker_config import WorkerConfig
+
     from worker_svc.worker import Worker
 
     worker = Worker(WorkerConfig(

@@ -20,6 +20,9 @@ def packing_available(dtype: torch.dtype, device: str) -> bool:
         and device == "cpu"
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        # oneDNN's packed bf16 path needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT; on an AVX2-only
+        # CPU it refuses the weights, so the plain bf16 matmul runs there instead.
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     )
 
 

@@ -11,11 +11,11 @@ import asyncio
 from concurrent.futures import Executor
 
 import grpc
+from batchwire.common.tls import ServerTls, add_port, start_health_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from worker_svc.security import ServerTls, add_port, start_health_server
 from worker_svc.server.servicer import SERVICE_NAME, WorkerCallError, WorkerServicer
 
 MAX_MESSAGE_BYTES = 256 << 20  # a full prefill step of long prompts is megabytes

@@ -17,9 +17,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from worker_svc.config import WorkerConfig
+from batchwire.common.tls import ServerTls
+from batchwire.common.worker_config import WorkerConfig
+
 from worker_svc.metrics import WorkerMetrics
-from worker_svc.security import ServerTls
 from worker_svc.server.grpc_server import GrpcWorkerServer
 from worker_svc.server.servicer import WorkerServicer
 from worker_svc.server.zmq_server import ZmqWorkerServer

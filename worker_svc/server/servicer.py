@@ -106,7 +106,6 @@ class WorkerServicer:
             if self.metrics is not None:
                 self.metrics.observe(method, time.perf_counter() - start, request, ok)
 
-    # -- handlers, called under the lock --------------------------------------------------------
 
     def _get_info(self, _: worker_pb2.GetInfoRequest) -> worker_pb2.WorkerInfo:
         return self.worker.get_info()

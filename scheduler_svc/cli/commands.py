@@ -1,0 +1,442 @@
+"""`batchwire`: one command for serving, calling and measuring.
+
+  serve      the scheduler and its workers in one command (in-process worker by default)
+  scheduler  the scheduler alone, driving workers started elsewhere
+  worker     one worker (or a tensor-parallel group): `python -m worker_svc`
+  generate   stream one completion from a running server to the terminal
+  chat       an interactive conversation with a running server
+  bench      benchmarks (`python -m benchmarks`)
+
+Every option of serve, scheduler and worker can also be set as an environment variable
+BATCHWIRE_<OPTION> (e.g. BATCHWIRE_PORT=50051, BATCHWIRE_NO_PREFIX_CACHING=1), for containers;
+a flag on the command line wins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from batchwire.common.sizes import byte_size
+
+from scheduler_svc.cli.client import DEFAULT_ADDRESS
+from scheduler_svc.config import POLICIES, SchedulerConfig
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
+_TRUE = ("1", "true", "yes", "on")
+
+
+def _env_name(flag: str) -> str:
+    return "BATCHWIRE_" + flag.lstrip("-").replace("-", "_").upper()
+
+
+def _option(group: Any, flag: str, default: Any, help: str, type: Callable = str,
+            **kwargs: Any) -> None:
+    """An option whose default comes from BATCHWIRE_<OPTION> when that is set."""
+    env = _env_name(flag)
+    value = os.environ.get(env)
+    group.add_argument(flag, type=type, default=default if value is None else value,
+                       help=f"{help} [{env}; default: %(default)s]", **kwargs)
+
+
+def _flag(group: Any, flag: str, help: str) -> None:
+    env = _env_name(flag)
+    group.add_argument(flag, action="store_true",
+                       default=os.environ.get(env, "").lower() in _TRUE, help=f"{help} [{env}=1]")
+
+
+# Options of the scheduler service, shared by serve and scheduler.
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    _option(g, "--model", None, "checkpoint directory (config.json + safetensors) or .gguf "
+            "file; default: the embedded SmolLM2-135M-Instruct")
+    _option(g, "--dtype", _DEFAULTS["dtype"], "weights, activations and KV cache",
+            choices=("bfloat16", "float16", "float32"))
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("KV cache and scheduling")
+    _option(g, "--kv-cache-memory", _DEFAULTS["kv_cache_memory_bytes"],
+            "bytes of KV cache per worker, e.g. 512M or 4G", type=byte_size)
+    _option(g, "--block-size", _DEFAULTS["block_size"], "tokens per KV-cache block", type=int)
+    _option(g, "--max-model-len", _DEFAULTS["max_model_len"],
+            "longest sequence, prompt plus output, in tokens", type=int)
+    _option(g, "--max-num-seqs", _DEFAULTS["max_num_seqs"], "most requests running at once",
+            type=int)
+    _option(g, "--max-num-batched-tokens", _DEFAULTS["max_num_batched_tokens"],
+            "token budget of one step", type=int)
+    _option(g, "--max-queued-requests", _DEFAULTS["max_queued_requests"],
+            "waiting requests beyond this are refused with RESOURCE_EXHAUSTED", type=int)
+    _option(g, "--max-logprobs", _DEFAULTS["max_logprobs"],
+            "most top-n logprobs a request may ask for", type=int)
+    _option(g, "--long-prefill-token-threshold", _DEFAULTS["long_prefill_token_threshold"],
+            "cut prefills into chunks of at most this many tokens (0 = the step's budget)",
+            type=int)
+    _option(g, "--policy", _DEFAULTS["policy"], "admission order: first come first served, or "
+            "by request priority", choices=POLICIES)
+    _option(g, "--seed", _DEFAULTS["seed"], "seeds requests that bring no seed", type=int)
+    _flag(g, "--no-prefix-caching", "do not reuse the KV cache of shared prompt prefixes")
+    _flag(g, "--no-chunked-prefill", "run every prompt in one step")
+
+
+def _add_server_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("client API")
+    _option(g, "--host", "0.0.0.0", "address to bind")
+    _option(g, "--port", 50051, "gRPC port for clients (0 = any free port)", type=int)
+    _option(g, "--metrics-port", 9090, "Prometheus /metrics port (0 = any free port)", type=int)
+    _flag(g, "--no-metrics", "serve no /metrics")
+    _option(g, "--ready-file", None, "write the bound ports here as JSON once bound")
+    _option(g, "--drain-timeout", 600.0, "seconds requests in flight may take to finish after "
+            "SIGTERM", type=float)
+    _option(g, "--max-message-size", 16 << 20, "largest request or response message, in bytes",
+            type=byte_size)
+    _option(g, "--max-connection-age", 600.0, "seconds after which a client connection is "
+            "closed (its streams get as long again to finish), so clients rebalance",
+            type=float)
+    _option(g, "--log-level", "INFO", "logging level")
+    _flag(g, "--no-progress", "no progress bar while the model loads")
+    g = p.add_argument_group("security (PEM files, e.g. a mounted Kubernetes Secret)")
+    _option(g, "--tls-cert", None, "serve clients over TLS with this certificate (and --tls-key)")
+    _option(g, "--tls-key", None, "the private key of --tls-cert")
+    _option(g, "--tls-client-ca", None, "require client certificates signed by this CA")
+    _option(g, "--api-key-file", None, "require `authorization: Bearer <key>` on the Generation "
+            "service, with a key listed in this file (one a line; read again when it changes)")
+    _option(g, "--health-port", None, "also answer health checks, and nothing else, in plaintext "
+            "on this port: Kubernetes' gRPC probes cannot speak TLS", type=int)
+
+
+def _add_worker_tls_options(g: Any) -> None:
+    _option(g, "--worker-tls-ca", None, "dial workers over TLS, trusting this CA (needs "
+            "--transport grpc)")
+    _option(g, "--worker-tls-cert", None, "client certificate presented to workers (mutual TLS)")
+    _option(g, "--worker-tls-key", None, "the private key of --worker-tls-cert")
+    _option(g, "--worker-tls-server-name", None, "the name workers' certificates carry, checked "
+            "instead of the address dialled (pods are dialled by IP)")
+
+
+def _worker_tls(args: argparse.Namespace) -> Any:
+    from batchwire.common.tls import ClientTls
+
+    try:
+        return ClientTls.from_options(args.worker_tls_ca, args.worker_tls_cert,
+                                      args.worker_tls_key, args.worker_tls_server_name,
+                                      what="--worker-tls")
+    except ValueError as e:
+        raise SystemExit(f"batchwire: {e}") from None
+
+
+def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig:
+    return SchedulerConfig(
+        model=args.model, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory,
+        block_size=args.block_size, max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_queued_requests=args.max_queued_requests, max_logprobs=args.max_logprobs,
+        long_prefill_token_threshold=args.long_prefill_token_threshold, policy=args.policy,
+        seed=args.seed, enable_prefix_caching=not args.no_prefix_caching,
+        enable_chunked_prefill=not args.no_chunked_prefill, **extra)
+
+
+def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: int = 1,
+                **server: Any) -> int:
+    from scheduler_svc.service.security import ApiKeys, ServerTls
+    from scheduler_svc.service.server import (  # grpc and torch: only when serving
+        ServerConfig,
+        serve,
+    )
+
+    try:
+        tls = ServerTls.from_options(args.tls_cert, args.tls_key, args.tls_client_ca)
+        if args.api_key_file:
+            ApiKeys.from_file(args.api_key_file)  # a missing or empty file fails here, not later
+    except ValueError as e:
+        raise SystemExit(f"batchwire: {e}") from None
+    config = ServerConfig(
+        tls=tls, api_key_file=args.api_key_file, health_port=args.health_port,
+        metrics_host=args.host,
+        scheduler=scheduler, host=args.host, port=args.port,
+        metrics_port=None if args.no_metrics else args.metrics_port,
+        ready_file=args.ready_file, drain_timeout_s=args.drain_timeout,
+        max_message_bytes=args.max_message_size, max_connection_age_s=args.max_connection_age,
+        max_connection_age_grace_s=args.max_connection_age, progress=not args.no_progress,
+        replicas=replicas, **server)
+    return serve(config)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    transport = args.transport
+    if args.replicas > 1:
+        if transport == "uni":
+            raise SystemExit("batchwire serve: --replicas runs worker groups side by side in "
+                             "processes of their own: use --transport zmq or grpc")
+        transport = "zmq" if transport == "auto" else transport
+    return _run_server(args, _scheduler_config(
+        args, executor_backend=transport, tensor_parallel_size=args.tensor_parallel_size),
+        replicas=args.replicas)
+
+
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    groups = tuple(g for g in args.worker_addresses if g)
+    if groups and args.discover_workers:
+        raise SystemExit("batchwire scheduler: --worker-addresses or --discover-workers, not both")
+    return _run_server(args, _scheduler_config(args, executor_backend=args.transport,
+                                               worker_addresses=groups,
+                                               worker_tls=_worker_tls(args)),
+                       # With neither, it serves once a group registers (--scheduler-address).
+                       replicas=0 if not groups else 1,
+                       discover_workers=args.discover_workers or None,
+                       discovery_namespace=args.discovery_namespace,
+                       worker_drain_timeout_s=args.worker_drain_timeout)
+
+
+def _delegate(module: str, what: str, argv: list[str]) -> int:
+    try:
+        entry = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module.startswith(e.name):
+            print(f"batchwire: {what} is not in this build ({module} is missing)",
+                  file=sys.stderr)
+            return 2
+        raise
+    return int(entry.main(argv) or 0)
+
+
+# Clients.
+
+def _add_sampling_options(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    g = p.add_argument_group("sampling (unset = the server's default)")
+    g.add_argument("--max-tokens", type=int, default=max_tokens,
+                   help="output tokens at most (default: %(default)s)")
+    g.add_argument("--temperature", type=float, help="0 = greedy (server default 1)")
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--min-p", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    g.add_argument("--ignore-eos", action="store_true", default=None)
+    g.add_argument("--repetition-penalty", type=float)
+    g.add_argument("--presence-penalty", type=float)
+    g.add_argument("--frequency-penalty", type=float)
+
+
+def _add_client_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--address", default=os.environ.get("BATCHWIRE_ADDRESS", DEFAULT_ADDRESS),
+                   help="the server, host:port [BATCHWIRE_ADDRESS; default: %(default)s]")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds the whole request may take (default: no limit)")
+    p.add_argument("--tls", action="store_true", help="connect over TLS (the system's CAs)")
+    p.add_argument("--tls-ca", default=os.environ.get("BATCHWIRE_TLS_CA"),
+                   help="connect over TLS, trusting this CA (PEM) [BATCHWIRE_TLS_CA]")
+    p.add_argument("--api-key-file", default=os.environ.get("BATCHWIRE_API_KEY_FILE"),
+                   help="send the file's first key as `authorization: Bearer <key>` "
+                   "[BATCHWIRE_API_KEY_FILE; or the key itself in BATCHWIRE_API_KEY]")
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from batchwire.common.tls import ClientTls
+
+    from scheduler_svc.cli.client import GenerationClient
+    from scheduler_svc.service.security import parse_keys
+
+    key = os.environ.get("BATCHWIRE_API_KEY") or None
+    if args.api_key_file:
+        try:
+            with open(args.api_key_file) as f:
+                keys = parse_keys(f.read())
+                key = keys[0] if keys else None
+        except OSError as e:
+            raise SystemExit(f"batchwire: cannot read {args.api_key_file!r}: "
+                             f"{e.strerror}") from None
+    try:
+        tls = ClientTls.from_options(args.tls_ca) or (ClientTls() if args.tls else None)
+    except ValueError as e:
+        raise SystemExit(f"batchwire: {e}") from None
+    return GenerationClient(args.address, tls, key)
+
+
+def _sampling(args: argparse.Namespace) -> Any:
+    from batchwire.v1 import generate_pb2
+
+    fields = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos",
+              "repetition_penalty", "presence_penalty", "frequency_penalty")
+    values = {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
+    return generate_pb2.SamplingParams(stop=args.stop, **values)
+
+
+def _stream(client: Any, request: Any, timeout: float | None) -> tuple[str, Any]:
+    """Prints the text as it arrives; returns it and the last message."""
+    text, last = [], None
+    for last in client.generate(request, timeout):
+        text.append(last.text)
+        print(last.text, end="", flush=True)
+    print()
+    return "".join(text), last
+
+
+def _usage_line(last: Any) -> str:
+    u = last.usage
+    return (f"[{last.finish_reason}: {u.prompt_tokens} prompt tokens ({u.cached_tokens} cached), "
+            f"{u.completion_tokens} generated]")
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    import grpc
+    from batchwire.v1 import generate_pb2
+
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.chat:
+        messages = [("system", args.system)] if args.system else []
+        request = generate_pb2.GenerateRequest(
+            messages=[generate_pb2.ChatMessage(role=r, content=c)
+                      for r, c in [*messages, ("user", prompt)]], sampling=_sampling(args))
+    else:
+        request = generate_pb2.GenerateRequest(text=prompt, sampling=_sampling(args))
+    with _client(args) as client:
+        try:
+            _, last = _stream(client, request, args.timeout)
+        except grpc.RpcError as e:
+            print(f"\nbatchwire generate: {e.code().name}: {e.details()}", file=sys.stderr)
+            return 1
+    if last is not None and not args.quiet:
+        print(_usage_line(last), file=sys.stderr)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    import grpc
+
+    history: list[tuple[str, str]] = [("system", args.system)] if args.system else []
+    print("Chatting with the model at " + args.address + ". /reset forgets the conversation, "
+          "/exit or Ctrl-D leaves.", file=sys.stderr)
+    with _client(args) as client:
+        while True:
+            try:
+                line = input("you> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                print(file=sys.stderr)
+                return 0
+            if line in ("/exit", "/quit"):
+                return 0
+            if line == "/reset":
+                history = history[:1] if args.system else []
+                continue
+            if not line:
+                continue
+            history.append(("user", line))
+            print("model> ", end="", flush=True)
+            try:
+                reply, _ = _stream(client, client.chat_request(history, _sampling(args)),
+                                   args.timeout)
+            except grpc.RpcError as e:
+                print(f"\nbatchwire chat: {e.code().name}: {e.details()}", file=sys.stderr)
+                history.pop()
+                continue
+            except KeyboardInterrupt:  # stop this reply (the stream is cancelled), keep chatting
+                print(file=sys.stderr)
+                history.pop()
+                continue
+            history.append(("assistant", reply))
+
+
+# The parser.
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="batchwire", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    serve = sub.add_parser(
+        "serve", help="serve a model: the scheduler and its workers in one command",
+        description="Serve a model over gRPC (service batchwire.v1.Generation): the scheduler "
+        "plus its workers. With --transport uni the worker runs in this process; with grpc or "
+        "zmq the workers run as child processes and the scheduler talks to them over loopback.")
+    _add_model_options(serve)
+    w = serve.add_argument_group("workers")
+    _option(w, "--transport", "auto", "how the scheduler reaches its workers (auto: uni for "
+            "one worker, zmq for a tensor-parallel group)", choices=("auto", "uni", "grpc", "zmq"))
+    _option(w, "--tensor-parallel-size", 1, "worker processes sharding the model", type=int)
+    _option(w, "--replicas", 1, "independent worker groups (data parallel), each with its own "
+            "KV cache; a request goes to the least loaded", type=int)
+    _add_engine_options(serve)
+    _add_server_options(serve)
+    serve.set_defaults(func=cmd_serve)
+
+    scheduler = sub.add_parser(
+        "scheduler", help="the scheduler alone, driving workers started elsewhere",
+        description="Serve the client API and drive workers started on their own "
+        "(`batchwire worker`): the groups listed with --worker-addresses, the pods found with "
+        "--discover-workers, and any group that registers (`batchwire worker "
+        "--scheduler-address HOST:PORT`, this server's port). With no group listed it serves "
+        "once the first one registers. The model options must match the workers'.")
+    _add_model_options(scheduler)
+    w = scheduler.add_argument_group("workers")
+    _option(w, "--transport", "zmq", "how to reach the workers", choices=("grpc", "zmq"))
+    env = _env_name("--worker-addresses")
+    w.add_argument("--worker-addresses", nargs="+", metavar="GROUP",
+                   default=os.environ.get(env, "").replace(";", " ").split(),
+                   help="one worker group per argument: its ranks' host:port on the transport's "
+                   f"port, comma-separated in rank order [{env}, groups separated by spaces]")
+    _option(w, "--discover-workers", None, "Kubernetes: drive the worker pods this label "
+            "selector picks in the namespace (get/list/watch on pods), e.g. "
+            "app.kubernetes.io/component=worker")
+    _option(w, "--discovery-namespace", None, "namespace of the worker pods (default: the "
+            "scheduler pod's own)")
+    _option(w, "--worker-drain-timeout", 120.0, "seconds a leaving worker's running requests "
+            "may finish there before they move to other workers", type=float)
+    _add_worker_tls_options(w)
+    _add_engine_options(scheduler)
+    _add_server_options(scheduler)
+    scheduler.set_defaults(func=cmd_scheduler)
+
+    sub.add_parser("worker", add_help=False,
+                   help="one worker or a tensor-parallel group (see `batchwire worker --help`)")
+    sub.add_parser("bench", add_help=False, help="benchmarks (see `batchwire bench --help`)")
+
+    generate = sub.add_parser("generate", help="stream one completion from a running server",
+                              description="Stream one completion to the terminal.")
+    generate.add_argument("prompt", metavar="PROMPT", help="the prompt text; - reads stdin")
+    generate.add_argument("--chat", action="store_true",
+                          help="send the prompt as a user message, through the chat template")
+    generate.add_argument("--system", help="a system message (with --chat)")
+    generate.add_argument("--quiet", action="store_true", help="no usage line on stderr")
+    _add_client_options(generate)
+    _add_sampling_options(generate, max_tokens=128)
+    generate.set_defaults(func=cmd_generate)
+
+    chat = sub.add_parser("chat", help="an interactive conversation with a running server",
+                          description="Chat with the model; the conversation is kept and "
+                          "sent whole, through the model's chat template, every turn.")
+    chat.add_argument("--system", help="a system message opening the conversation")
+    _add_client_options(chat)
+    _add_sampling_options(chat, max_tokens=256)
+    chat.set_defaults(func=cmd_chat)
+    return parser
+
+
+_DELEGATES = {
+    "worker": ("worker_svc.__main__", "the worker service"),
+    "bench": ("benchmarks.__main__", "the bench command (issue 7)"),
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _DELEGATES:
+        module, what = _DELEGATES[argv[0]]
+        return _delegate(module, what, argv[1:])
+    args = build_parser().parse_args(argv)
+    if hasattr(args, "log_level"):
+        logging.basicConfig(level=args.log_level.upper(),
+                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""A request's life in the scheduler: waiting -> running -> (preempted -> waiting) -> finished."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from scheduler_svc.core.detokenizer import IncrementalDetokenizer
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.core.structured_output import RequestGrammar
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2  # back in the waiting queue, to be recomputed from scratch
+    # Finished states sort after the others so that `is_finished` is one comparison.
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class Request:
+    """Mutable per-request state; the scheduler and the KV cache manager are its only writers."""
+
+    __slots__ = (
+        "wire_id", "request_id", "prompt_token_ids", "sampling_params", "eos_token_ids",
+        "arrival_time", "priority", "cache_salt", "status", "stop_reason", "all_token_ids",
+        "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "block_hashes",
+        "detokenizer", "stop_ids", "max_num_tokens", "num_cached_tokens", "grammar",
+    )
+
+    def __init__(
+        self,
+        wire_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: frozenset[int] = frozenset(),
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        detokenizer: IncrementalDetokenizer | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        # Two ids: `request_id` is the client's (unique among active requests of an engine, the
+        # key of every map above the scheduler); `wire_id` is the short one the worker sees
+        # (unique within one scheduler), which keeps a SchedulerOutput small.
+        self.wire_id = wire_id
+        self.request_id = request_id if request_id is not None else wire_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = eos_token_ids
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.priority = priority  # lower runs first under the priority policy
+        self.cache_salt = cache_salt  # keeps prefix-cache hits within one tenant
+        self.status = RequestStatus.WAITING
+        self.stop_reason: int | str | None = None  # the stop token id or stop string that hit
+        self.all_token_ids = list(prompt_token_ids)  # prompt, then output
+        self.num_prompt_tokens = len(prompt_token_ids)
+        # Tokens whose KV is (or is being, this step) written; prefix-cache hits count.
+        self.num_computed_tokens = 0
+        self.num_preemptions = 0
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
+        self.block_hashes: list[bytes] = []  # chained hashes of the full blocks, grown lazily
+        self.detokenizer = detokenizer
+        self.grammar: RequestGrammar | None = None  # the matcher of a constrained request
+        # A token outside stop_ids with fewer than max_num_tokens tokens cannot end the request:
+        # the per-token test on the hot path, before the full stop rules.
+        self.stop_ids = frozenset(sampling_params.stop_token_ids) | (
+            frozenset() if sampling_params.ignore_eos else eos_token_ids)
+        self.max_num_tokens = self.num_prompt_tokens + sampling_params.max_tokens
+        if max_model_len is not None:
+            self.max_num_tokens = min(self.max_num_tokens, max_model_len)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def __repr__(self) -> str:
+        return (f"Request({self.request_id!r} wire {self.wire_id!r}, {self.status.name}, "
+                f"tokens={self.num_tokens}, computed={self.num_computed_tokens})")

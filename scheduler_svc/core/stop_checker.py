@@ -1,0 +1,31 @@
+"""Whether the token just appended ends a request, checked in a fixed order.
+
+The order decides the reason when several apply at once: a stop token that is also the
+max_tokens-th token reports "stop", not "length".
+"""
+
+from __future__ import annotations
+
+from scheduler_svc.core.request import Request, RequestStatus
+
+
+def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
+    """The finished status the request's last token puts it in, or None to go on.
+
+    Sets request.stop_reason when a stop token id hit. Stop strings are the detokenizer's job.
+    """
+    params = request.sampling_params
+    num_tokens = len(request.all_token_ids)
+    num_output = num_tokens - request.num_prompt_tokens
+    # max_model_len is a hard wall: the request cannot grow past it even before min_tokens.
+    if num_output < params.min_tokens and num_tokens < max_model_len:
+        return None
+    last = request.all_token_ids[-1]
+    if not params.ignore_eos and last in request.eos_token_ids:
+        return RequestStatus.FINISHED_STOPPED
+    if last in params.stop_token_ids:
+        request.stop_reason = last
+        return RequestStatus.FINISHED_STOPPED
+    if num_output >= params.max_tokens or num_tokens >= max_model_len:
+        return RequestStatus.FINISHED_LENGTH
+    return None

@@ -1,0 +1,101 @@
+"""The offline API: a batch of prompts in, finished requests out, on an engine in this process."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any, cast
+
+from tqdm import tqdm
+
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.outputs import EngineCoreOutput, RequestOutput
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.core.tokenizer import load_tokenizer
+from scheduler_svc.engine.engine_core import EngineCore
+from scheduler_svc.executors.base import Executor
+
+# A prompt is text, token ids, or {"prompt": text} / {"prompt_token_ids": ids}.
+Prompt = str | Sequence[int] | dict
+
+
+class LLM:
+    """`LLM(model=None)` serves the embedded SmolLM2; any SchedulerConfig field is a keyword."""
+
+    def __init__(self, model: str | None = None, dtype: str = "bfloat16",
+                 executor: Executor | None = None, tokenizer: Any = None, **config: Any) -> None:
+        self.config = SchedulerConfig(model=model, dtype=dtype, **config)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
+        self.engine = EngineCore(self.config, executor, self.tokenizer)
+        self._ids = itertools.count()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Runs the prompts to completion; results come back in the order of the prompts."""
+        if isinstance(prompts, str | dict) or (prompts and isinstance(prompts[0], int)):
+            batch = [cast(Prompt, prompts)]  # one prompt
+        else:
+            batch = list(cast(Sequence[Prompt], prompts))
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(batch)
+        if len(sampling_params) != len(batch):
+            raise ValueError(f"{len(sampling_params)} sampling params for {len(batch)} prompts")
+
+        results: dict[str, RequestOutput] = {}
+        added = []
+        try:
+            for i, (prompt, params) in enumerate(zip(batch, sampling_params, strict=True)):
+                text, ids = self._tokenize(prompt)
+                request_id = f"llm-{next(self._ids)}"
+                self.engine.add_request(ids, params, request_id=request_id,
+                                        priority=priority[i] if priority else 0)
+                added.append(request_id)
+                results[request_id] = RequestOutput(request_id, text, list(ids))
+            self._run(results, use_tqdm)
+        finally:
+            # An error mid-run must not leave requests behind to run in the next call.
+            self.engine.abort_requests(added)
+        return list(results.values())
+
+    def _run(self, results: dict[str, RequestOutput], use_tqdm: bool) -> None:
+        with tqdm(total=len(results), desc="Generating", unit="req", disable=not use_tqdm) as bar:
+            remaining = len(results)
+            while remaining:
+                for out in self.engine.step():
+                    if out.request_id in results and _accumulate(results[out.request_id], out):
+                        remaining -= 1
+                        bar.update(1)
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer(prompt).input_ids
+        return None, list(prompt)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def _accumulate(result: RequestOutput, out: EngineCoreOutput) -> bool:
+    """Adds a step's delta to the request's result; True when the request finished."""
+    result.token_ids.extend(out.new_token_ids)
+    result.text += out.new_text
+    if out.new_logprobs:
+        result.logprobs = (result.logprobs or []) + out.new_logprobs
+    if out.finished:
+        result.finish_reason = out.finish_reason
+        result.stop_reason = out.stop_reason
+    return out.finished
+
+
+__all__ = ["LLM", "RequestOutput", "SamplingParams"]

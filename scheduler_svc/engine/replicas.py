@@ -1,0 +1,329 @@
+"""Data parallelism: one engine driving several worker groups (replicas), each an EngineCore with
+a scheduler and so a KV block manager of its own.
+
+A new request goes to the least loaded replica (fewest unfinished requests; ties go to the one
+holding more of its prompt in its prefix cache). Each step, every replica with work launches its
+step before any replica's result is read (EngineCore's three step calls), so the replicas compute
+side by side.
+
+Replicas come and go while the engine runs: attach() and detach() may be called from any thread
+(a registration RPC, a pod watch); like every command they go through the inbox and the engine
+thread applies them between steps. A detached (draining) replica takes no new requests: its
+waiting ones move to the others at once, its running ones finish there or, after
+drain_timeout_s, move too. A replica whose workers fail is dropped at once and its requests move:
+each is re-queued on a survivor with its prompt and the tokens already streamed, recomputed there,
+so the stream goes on with no gap and no duplicate, and with the tokens of an undisturbed run: the
+new worker counts the earlier tokens as output (penalties, min_tokens) and moves a seeded
+generator past their draws. With no replica to take them, requests fail with NoReplicaError,
+which a service answers with UNAVAILABLE; the engine itself stays usable for replicas that join
+later.
+
+Apart from the inbox, not thread-safe: one thread adds, aborts and steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.errors import InvalidRequestError, QueueFullError, RequestIdInUseError
+from scheduler_svc.core.outputs import EngineCoreOutput
+from scheduler_svc.core.request import Request
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.engine.commands import (
+    AbortRequests,
+    AddRequest,
+    AttachReplica,
+    Command,
+    DetachReplica,
+    Inbox,
+)
+from scheduler_svc.engine.engine_core import EngineCore, StepInFlight
+from scheduler_svc.executors.base import Executor
+from scheduler_svc.executors.errors import WorkerUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+class NoReplicaError(WorkerUnavailableError):
+    """Requests that no replica can run. `outputs` are the step's results for the other
+    requests, still to be delivered when step() raises this."""
+
+    def __init__(self, message: str, request_ids: Sequence[str] = (),
+                 outputs: Sequence[EngineCoreOutput] = ()) -> None:
+        super().__init__(message)
+        self.request_ids = list(request_ids)
+        self.outputs = list(outputs)
+
+
+@dataclasses.dataclass(eq=False)
+class Replica:
+    replica_id: str
+    core: EngineCore
+    draining: bool = False
+    drain_deadline: float = float("inf")
+    left: Future | None = None  # resolved once the replica is gone, for whoever detached it
+
+    @property
+    def load(self) -> int:
+        return len(self.core.requests)
+
+    @property
+    def failed(self) -> bool:
+        return self.core.executor.failed
+
+
+class ReplicatedEngine:
+    def __init__(self, config: SchedulerConfig, executors: Sequence[Executor] | None = None,
+                 tokenizer: Any = None, drain_timeout_s: float = 120.0) -> None:
+        """executors: the connected groups; None connects those of the config (or starts one),
+        an empty list starts with none and waits for attach()."""
+        self.config = config
+        self.tokenizer = tokenizer
+        self.drain_timeout_s = drain_timeout_s
+        self.replicas: list[Replica] = []
+        self.inbox = Inbox()
+        self._replica_ids = itertools.count()
+        self.num_moved = 0  # requests re-queued on another replica, for metrics and tests
+        for executor in self._connect_configured() if executors is None else executors:
+            self.add_replica(EngineCore(config, executor, tokenizer))
+
+    @classmethod
+    def over(cls, core: EngineCore, drain_timeout_s: float = 120.0) -> ReplicatedEngine:
+        """A replicated engine whose one replica is an existing engine core."""
+        engine = cls(core.config, [], core.scheduler.tokenizer, drain_timeout_s)
+        engine.add_replica(core)
+        return engine
+
+    def _connect_configured(self) -> list[Executor]:
+        cls = Executor.get_class(self.config)
+        groups = self.config.worker_addresses
+        if not groups:
+            return [cls(self.config)]
+        return [cls.connect(self.config, [a.strip() for a in g.split(",")]) for g in groups]
+
+
+    def attach(self, executor: Executor, replica_id: str | None = None) -> Future:
+        """Adds a connected worker group; the future resolves to its replica id once it takes
+        requests (at the engine's next step)."""
+        command = AttachReplica(executor, replica_id)
+        self.inbox.put(command)
+        return command.done
+
+    def detach(self, replica_id: str, timeout_s: float | None = None) -> Future:
+        """Drains a replica; the future resolves to the numbers of its requests (moved, lost)
+        when it left. Within timeout_s (default drain_timeout_s) its running requests may finish
+        there; after it they move to other replicas."""
+        command = DetachReplica(replica_id, timeout_s)
+        self.inbox.put(command)
+        return command.done
+
+
+    def add_request(self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
+                    request_id: str | None = None, **kwargs: Any) -> Request:
+        if request_id is not None and self._replica_of(request_id) is not None:
+            raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
+                                      "active request")
+        replica = self._place(prompt_token_ids, kwargs.get("cache_salt"))
+        if replica is None:
+            raise NoReplicaError("no worker replica is available",
+                                 [request_id] if request_id is not None else [])
+        return replica.core.add_request(prompt_token_ids, sampling_params,
+                                        request_id=request_id, **kwargs)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
+        outputs = []
+        for request_id in request_ids:
+            replica = self._replica_of(request_id)
+            if replica is not None:
+                outputs += replica.core.abort_requests([request_id])
+        return outputs
+
+    def has_requests(self) -> bool:
+        return not self.inbox.empty() or any(r.core.has_requests() or r.draining
+                                             for r in self.replicas)
+
+    def get_num_unfinished_requests(self) -> int:
+        return sum(r.load for r in self.replicas)
+
+    def step(self) -> list[EngineCoreOutput]:
+        outputs = self.apply_commands()
+        # A group whose watcher noticed a failure between steps goes before it is sent anything.
+        failed = [r for r in self.replicas if r.failed]
+        launched: list[tuple[Replica, StepInFlight]] = []
+        for replica in self.replicas:
+            if replica in failed:
+                continue
+            try:
+                step = replica.core.launch_step()
+            except WorkerUnavailableError as e:
+                failed.append(self._log_failure(replica, e))
+                continue
+            if step is not None:
+                launched.append((replica, step))
+        sampled = []
+        for replica, step in launched:
+            try:
+                replica.core.sample_step(step)
+                sampled.append((replica, step))
+            except WorkerUnavailableError as e:
+                failed.append(self._log_failure(replica, e))
+        for replica, step in sampled:
+            try:
+                outputs += replica.core.finish_step(step)
+            except WorkerUnavailableError as e:
+                failed.append(self._log_failure(replica, e))
+        lost = []
+        for replica in failed:
+            lost += self._remove(replica, reason="failed")
+        lost += self._progress_drains()
+        if lost:
+            raise NoReplicaError(f"no worker replica left to run {len(lost)} request(s)", lost,
+                                 outputs)
+        return outputs
+
+    def apply_commands(self) -> list[EngineCoreOutput]:
+        """Applies what the inbox holds; returns the outputs of the requests it aborted."""
+        # A failed group holding no request can go now: nothing of it is lost.
+        for replica in [r for r in self.replicas if r.failed and not r.core.requests]:
+            self._remove(replica, reason="failed")
+        outputs: list[EngineCoreOutput] = []
+        for command in self.inbox.drain():
+            outputs += self._apply(command)
+        return outputs
+
+    def shutdown(self) -> None:
+        for replica in self.replicas:
+            replica.core.shutdown()
+        self.replicas.clear()
+
+
+    def _apply(self, command: Command) -> list[EngineCoreOutput]:
+        if isinstance(command, AbortRequests):
+            return self.abort_requests(command.request_ids)
+        try:
+            if isinstance(command, AddRequest):
+                self.add_request(command.prompt_token_ids, command.params,
+                                 request_id=command.request_id, priority=command.priority,
+                                 cache_salt=command.cache_salt)
+                command.admitted.set_result(None)
+            elif isinstance(command, AttachReplica):
+                core = EngineCore(self.config, command.executor, self.tokenizer)
+                command.done.set_result(self.add_replica(core, command.replica_id).replica_id)
+            else:
+                self._start_drain(command)
+        except Exception as e:
+            (command.admitted if isinstance(command, AddRequest) else command.done
+             ).set_exception(e)
+        return []
+
+
+    def _replica_of(self, request_id: str) -> Replica | None:
+        return next((r for r in self.replicas if request_id in r.core.requests), None)
+
+    def _place(self, token_ids: Sequence[int], cache_salt: str | None,
+               exclude: Replica | None = None) -> Replica | None:
+        candidates = [r for r in self.replicas
+                      if not r.draining and r is not exclude and not r.failed]
+        if not candidates:
+            return None
+        least = min(r.load for r in candidates)
+        tied = [r for r in candidates if r.load == least]
+        if len(tied) == 1:
+            return tied[0]
+        return max(tied, key=lambda r: _prefix_hits(r.core, token_ids, cache_salt))
+
+    def move_request(self, request: Request, source: Replica) -> bool:
+        """Re-queues an unfinished request on another replica with everything it has done: its
+        output tokens, its detokenizer and its grammar matcher (scheduler.add_request)."""
+        target = self._place(request.all_token_ids, request.cache_salt, exclude=source)
+        if target is None:
+            return False
+        try:
+            target.core.add_request(
+                request.prompt_token_ids, request.sampling_params, request_id=request.request_id,
+                arrival_time=request.arrival_time, priority=request.priority,
+                cache_salt=request.cache_salt, grammar=request.grammar,
+                output_token_ids=request.output_token_ids, detokenizer=request.detokenizer)
+        except (InvalidRequestError, QueueFullError) as e:
+            logger.warning("request %s cannot move to replica %s: %s", request.request_id,
+                           target.replica_id, e)
+            return False
+        self.num_moved += 1
+        return True
+
+
+    def add_replica(self, core: EngineCore, replica_id: str | None = None) -> Replica:
+        info = core.info
+        if self.replicas:
+            first = self.replicas[0].core.info
+            if (info.model_name, info.vocab_size) != (first.model_name, first.vocab_size):
+                raise ValueError(f"replica serves {info.model_name!r} (vocabulary "
+                                 f"{info.vocab_size}), the others {first.model_name!r} "
+                                 f"({first.vocab_size})")
+        replica_id = replica_id or f"replica-{next(self._replica_ids)}"
+        if any(r.replica_id == replica_id for r in self.replicas):
+            raise ValueError(f"replica id {replica_id!r} is already in use")
+        replica = Replica(replica_id, core)
+        self.replicas.append(replica)
+        logger.info("replica %s joined: %d KV blocks", replica_id, info.num_blocks)
+        return replica
+
+    def _start_drain(self, command: DetachReplica) -> None:
+        replica = next((r for r in self.replicas if r.replica_id == command.replica_id), None)
+        if replica is None:
+            raise KeyError(f"no replica {command.replica_id!r}")
+        replica.draining = True
+        replica.left = command.done
+        timeout = self.drain_timeout_s if command.timeout_s is None else command.timeout_s
+        replica.drain_deadline = time.monotonic() + timeout
+        # Requests that have not started lose nothing by moving now.
+        waiting = [r for r in replica.core.requests.values() if r.num_computed_tokens == 0]
+        for request in waiting:
+            if self.move_request(request, replica):
+                replica.core.remove_request(request)
+
+    def _progress_drains(self) -> list[str]:
+        lost = []
+        now = time.monotonic()
+        for replica in [r for r in self.replicas if r.draining]:
+            if replica.core.has_requests() and now < replica.drain_deadline:
+                continue
+            lost += self._remove(replica, reason="left")
+        return lost
+
+    def _remove(self, replica: Replica, reason: str) -> list[str]:
+        """Takes the replica out; its unfinished requests move. Returns those that could not."""
+        self.replicas.remove(replica)
+        requests = sorted(replica.core.requests.values(), key=lambda r: r.arrival_time)
+        lost = []
+        moved = 0
+        for request in requests:
+            if self.move_request(request, replica):
+                moved += 1
+            else:
+                lost.append(request.request_id)
+        logger.info("replica %s %s: %d request(s) moved, %d lost", replica.replica_id, reason,
+                    moved, len(lost))
+        try:
+            replica.core.shutdown()
+        except Exception:  # a failed group may not even close cleanly
+            logger.exception("closing replica %s", replica.replica_id)
+        if replica.left is not None and not replica.left.done():
+            replica.left.set_result((moved, len(lost)))
+        return lost
+
+    def _log_failure(self, replica: Replica, error: Exception) -> Replica:
+        logger.error("replica %s failed: %s", replica.replica_id, error)
+        return replica
+
+
+def _prefix_hits(core: EngineCore, token_ids: Sequence[int], cache_salt: str | None) -> int:
+    probe = Request("probe", list(token_ids), SamplingParams(), cache_salt=cache_salt)
+    return core.scheduler.kv.get_computed_blocks(probe)[1]

@@ -1,0 +1,101 @@
+"""A worker group started by the scheduler itself: `python -m worker_svc` as a child process.
+
+Used when a remote executor is configured without worker addresses (one machine, or a test). The
+child runs in its own session so that stopping the group also stops the ranks it started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from batchwire.common.worker_config import WorkerConfig
+
+logger = logging.getLogger(__name__)
+
+STARTUP_TIMEOUT_S = 600.0  # loading a model and allocating its cache, on a slow machine
+_POLL_S = 0.05
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RankEndpoint:
+    rank: int
+    host: str
+    grpc_port: int
+    zmq_port: int
+
+    def address(self, transport: str) -> str:
+        return f"{self.host}:{self.grpc_port if transport == 'grpc' else self.zmq_port}"
+
+
+class LocalWorkerGroup:
+    def __init__(self, process: subprocess.Popen, endpoints: list[RankEndpoint]) -> None:
+        self.process = process
+        self.endpoints = endpoints
+
+    @classmethod
+    def start(cls, config: WorkerConfig, host: str = "127.0.0.1",
+              timeout_s: float = STARTUP_TIMEOUT_S, extra_argv: tuple[str, ...] = ()
+              ) -> LocalWorkerGroup:
+        """Starts the group on free ports and returns once every rank is SERVING."""
+        ready = os.path.join(tempfile.mkdtemp(prefix="batchwire-worker-"), "ready.json")
+        cmd = [sys.executable, "-m", "worker_svc", *config.to_argv(), "--host", host,
+               "--port", "0", "--zmq-port", "0", "--metrics-port", "0", "--ready-file", ready,
+               "--parent-pid", str(os.getpid()), *extra_argv]
+        if config.tensor_parallel_size == 1:
+            cmd += ["--rank", "0"]
+        process = subprocess.Popen(cmd, start_new_session=True)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not os.path.exists(ready):
+                if process.poll() is not None:
+                    raise RuntimeError(f"the worker exited with {process.returncode} while "
+                                       f"starting: {' '.join(cmd)}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the worker was not serving after {timeout_s:.0f} s")
+                time.sleep(_POLL_S)
+            with open(ready) as f:
+                ranks = json.load(f)["ranks"]
+        except BaseException:
+            _stop_session(process, grace_s=5.0)
+            raise
+        endpoints = [RankEndpoint(r["rank"], host, r["grpc_port"], r["zmq_port"]) for r in ranks]
+        logger.info("started a local worker group: %s", endpoints)
+        return cls(process, endpoints)
+
+    def addresses(self, transport: str) -> list[str]:
+        return [e.address(transport) for e in self.endpoints]
+
+    def stop(self, grace_s: float = 10.0, asked: bool = False) -> None:
+        """`asked`: the group was told to shut down (a Shutdown call); it gets the grace period
+        to exit on its own before any signal, which could land after its handlers are gone."""
+        if asked:
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _stop_session(self.process, grace_s)
+
+
+def _stop_session(process: subprocess.Popen, grace_s: float) -> None:
+    """SIGTERM to the child's whole session, SIGKILL to what is left after the grace period."""
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait()

@@ -1,0 +1,174 @@
+"""The Generation service: a thin layer between protobuf and the async engine.
+
+A request is parsed here (wire.py) and validated once, at admission, by the scheduler that would
+run it (it knows its worker group's limits); a refusal comes back before any step, so a bad
+request never costs a worker call, and wire.admission_error names the client's own field.
+Errors leave through status_codes.abort_with, the one place that maps them to status codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+from batchwire.v1 import generate_pb2, generate_pb2_grpc
+
+from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.engine.async_engine import AsyncEngine, RequestStream
+from scheduler_svc.service import wire
+from scheduler_svc.service.status_codes import NotReadyError, abort_with
+
+SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
+
+_WORKER_STATES = generate_pb2.WorkerState
+_STATES = {"ready": _WORKER_STATES.WORKER_STATE_READY,
+           "draining": _WORKER_STATES.WORKER_STATE_DRAINING,
+           "failed": _WORKER_STATES.WORKER_STATE_FAILED}
+
+
+@dataclasses.dataclass(slots=True)
+class LoadedModel:
+    """What the service needs once the model is up; fixed for the server's life."""
+
+    engine: AsyncEngine
+    tokenizer: Any
+    config: SchedulerConfig
+    model_name: str
+    vocab_size: int
+    # The engine's limits: the smaller of the scheduler's and the workers'.
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    eos_token_ids: list[int]
+    dtype: str
+    transport: str
+    workers: Callable[[], list[Any]]  # the worker groups now, as server.WorkerView
+
+
+class GenerationServicer(generate_pb2_grpc.GenerationServicer):
+    def __init__(self, version: str, max_message_bytes: int) -> None:
+        self.version = version
+        self.max_message_bytes = max_message_bytes
+        self.model: LoadedModel | None = None
+        self.draining = False
+
+    def attach(self, model: LoadedModel) -> None:
+        self.model = model
+
+    def _loaded(self) -> LoadedModel:
+        if self.model is None:
+            raise NotReadyError("the model is still loading: retry once health is SERVING")
+        return self.model
+
+    async def Generate(self, request: generate_pb2.GenerateRequest,
+                       context: grpc.aio.ServicerContext
+                       ) -> AsyncIterator[generate_pb2.GenerateResponse]:
+        try:
+            stream = await self._admit(request)
+        except Exception as e:
+            await abort_with(context, e)
+        try:
+            async for out in stream:
+                yield wire.response(stream.request_id, out)
+        except Exception as e:  # the engine died mid-stream: a status, never text in a message
+            await abort_with(context, e)
+        finally:
+            stream.close()  # a cancelled call or a passed deadline lands here: abort, free blocks
+
+    async def _admit(self, request: generate_pb2.GenerateRequest) -> RequestStream:
+        m = self._loaded()
+        request_id = wire.request_id(request)
+        params = wire.sampling_params(request.sampling)
+        field, ids = wire.tokenize(request, m.tokenizer)
+        if params.constraint is not None:
+            # Neither the event loop nor the engine thread waits for a large schema to compile.
+            await asyncio.get_running_loop().run_in_executor(
+                None, wire.compile_constraint, params, m.tokenizer, m.vocab_size)
+        try:
+            return await m.engine.add_request(request_id, ids, params,
+                                              priority=request.priority,
+                                              cache_salt=request.cache_salt or None)
+        except InvalidRequestError as e:
+            raise wire.admission_error(e, field) from None
+
+    async def Abort(self, request: generate_pb2.AbortRequest,
+                    context: grpc.aio.ServicerContext) -> generate_pb2.AbortResponse:
+        try:
+            aborted = self._loaded().engine.abort(list(request.request_ids))
+        except Exception as e:
+            await abort_with(context, e)
+        return generate_pb2.AbortResponse(aborted_request_ids=aborted)
+
+    async def GetModelInfo(self, request: generate_pb2.GetModelInfoRequest,
+                           context: grpc.aio.ServicerContext
+                           ) -> generate_pb2.GetModelInfoResponse:
+        try:
+            m = self._loaded()
+        except Exception as e:
+            await abort_with(context, e)
+        info = generate_pb2.GetModelInfoResponse(
+            model_name=m.model_name, max_model_len=m.max_model_len, vocab_size=m.vocab_size,
+            eos_token_ids=m.eos_token_ids, has_chat_template=bool(m.tokenizer.chat_template),
+            dtype=m.dtype)
+        bos = getattr(m.tokenizer, "bos_token_id", None)
+        if bos is not None:
+            info.bos_token_id = bos
+        return info
+
+    async def GetServerInfo(self, request: generate_pb2.GetServerInfoRequest,
+                            context: grpc.aio.ServicerContext
+                            ) -> generate_pb2.GetServerInfoResponse:
+        info = generate_pb2.GetServerInfoResponse(version=self.version, draining=self.draining)
+        info.limits.max_message_bytes = self.max_message_bytes
+        m = self.model
+        if m is None:
+            info.workers.add(address="", state=_WORKER_STATES.WORKER_STATE_LOADING)
+            return info
+        stats = m.engine.stats
+        for w in m.workers():
+            state = ("failed" if m.engine.dead is not None
+                     else "draining" if self.draining else w.state)
+            info.workers.add(address=w.address, state=_STATES[state], device=w.device,
+                             tensor_parallel_size=w.tensor_parallel_size)
+        info.kv_blocks_total = stats.kv_blocks_total
+        info.kv_blocks_used = stats.kv_blocks_used
+        info.block_size = m.config.block_size
+        info.num_running_requests = stats.num_running
+        info.num_waiting_requests = stats.num_waiting
+        info.transport = m.transport
+        limits = info.limits
+        limits.max_model_len = m.max_model_len
+        limits.max_num_seqs = m.max_num_seqs
+        limits.max_num_batched_tokens = m.max_num_batched_tokens
+        limits.max_queued_requests = m.config.max_queued_requests
+        limits.max_logprobs = m.config.max_logprobs
+        return info
+
+    async def Tokenize(self, request: generate_pb2.TokenizeRequest,
+                       context: grpc.aio.ServicerContext) -> generate_pb2.TokenizeResponse:
+        try:
+            m = self._loaded()
+            add = request.add_special_tokens if request.HasField("add_special_tokens") else None
+            _, ids = wire.tokenize(request, m.tokenizer, add)
+        except Exception as e:
+            await abort_with(context, e)
+        return generate_pb2.TokenizeResponse(token_ids=ids)
+
+    async def Detokenize(self, request: generate_pb2.DetokenizeRequest,
+                         context: grpc.aio.ServicerContext) -> generate_pb2.DetokenizeResponse:
+        try:
+            m = self._loaded()
+            bad = [t for t in request.token_ids if not 0 <= t < m.vocab_size]
+            if bad:
+                raise InvalidRequestError("token_ids", f"{bad[0]} is outside the vocabulary "
+                                                       f"[0, {m.vocab_size})")
+            skip = (request.skip_special_tokens if request.HasField("skip_special_tokens")
+                    else True)
+            text = m.tokenizer.decode(list(request.token_ids), skip_special_tokens=skip)
+        except Exception as e:
+            await abort_with(context, e)
+        return generate_pb2.DetokenizeResponse(text=text)

@@ -1,0 +1,90 @@
+"""The scheduler's Prometheus metrics, served as text on /metrics (port 9090 by default).
+
+Each server owns a registry of its own rather than the process-wide default, so that a test
+process may run several. Gauges are set by the engine thread after every step; per-request
+histograms are observed on the event loop when a request finishes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from scheduler_svc.core.outputs import EngineCoreOutput
+from scheduler_svc.engine.async_engine import EngineStats, RequestStream
+
+# Seconds. Decode steps of a small model on a CPU take tens of milliseconds, prefills of long
+# prompts on a busy server seconds: the buckets span both.
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class SchedulerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.running = Gauge("batchwire_num_requests_running", "Requests in the running batch.",
+                             registry=r)
+        self.waiting = Gauge("batchwire_num_requests_waiting", "Requests in the waiting queue.",
+                             registry=r)
+        self.kv_usage = Gauge("batchwire_kv_cache_usage_ratio",
+                              "Fraction of KV-cache blocks held by unfinished requests.",
+                              registry=r)
+        self.prefix_hit_rate = Gauge("batchwire_prefix_cache_hit_rate",
+                                     "Prompt tokens found in the prefix cache / looked up, "
+                                     "since start.", registry=r)
+        self.prefix_queries = Counter("batchwire_prefix_cache_queries",
+                                      "Prompt tokens looked up in the prefix cache.", registry=r)
+        self.prefix_hits = Counter("batchwire_prefix_cache_hits",
+                                   "Prompt tokens found in the prefix cache.", registry=r)
+        self.preemptions = Counter("batchwire_num_preemptions",
+                                   "Requests preempted (to be recomputed).", registry=r)
+        self.steps = Counter("batchwire_engine_steps", "Engine steps run.", registry=r)
+        self.ttft = Histogram("batchwire_time_to_first_token_seconds",
+                              "From arrival to the first output token.",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.tpot = Histogram("batchwire_time_per_output_token_seconds",
+                              "Mean time between output tokens after the first, per request.",
+                              buckets=_TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("batchwire_e2e_request_latency_seconds",
+                             "From arrival to the last output token.",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("batchwire_prompt_tokens", "Prompt tokens of finished "
+                                     "requests.", registry=r)
+        self.generation_tokens = Counter("batchwire_generation_tokens",
+                                         "Output tokens of finished requests.", registry=r)
+        self.finished = Counter("batchwire_request_finished", "Finished requests by reason.",
+                                ["finish_reason"], registry=r)
+        self._last = EngineStats()
+
+    def observe_engine(self, stats: EngineStats) -> None:
+        """Called by the engine thread after each step; counters advance by the step's delta."""
+        last, self._last = self._last, stats
+        self.running.set(stats.num_running)
+        self.waiting.set(stats.num_waiting)
+        self.kv_usage.set(stats.kv_usage)
+        self.steps.inc(max(stats.num_steps - last.num_steps, 0))
+        self.preemptions.inc(max(stats.num_preemptions - last.num_preemptions, 0))
+        self.prefix_queries.inc(max(stats.num_prefix_queries - last.num_prefix_queries, 0))
+        self.prefix_hits.inc(max(stats.num_prefix_hits - last.num_prefix_hits, 0))
+        if stats.num_prefix_queries:
+            self.prefix_hit_rate.set(stats.num_prefix_hits / stats.num_prefix_queries)
+
+    def observe_finished(self, stream: RequestStream, last: EngineCoreOutput) -> None:
+        now = time.monotonic()
+        self.e2e.observe(now - stream.arrival)
+        if stream.first_token_time is not None:
+            self.ttft.observe(stream.first_token_time - stream.arrival)
+            if last.num_output_tokens > 1:
+                self.tpot.observe((now - stream.first_token_time) / (last.num_output_tokens - 1))
+        self.prompt_tokens.inc(last.num_prompt_tokens)
+        self.generation_tokens.inc(last.num_output_tokens)
+        self.finished.labels(last.finish_reason or "unknown").inc()
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> tuple[Any, int]:
+    """Starts the /metrics HTTP server on a daemon thread; returns (server, bound port)."""
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    return server, server.server_port

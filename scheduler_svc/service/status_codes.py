@@ -1,0 +1,47 @@
+"""The one place where an error becomes a gRPC status code."""
+
+from __future__ import annotations
+
+import logging
+from typing import NoReturn
+
+import grpc
+
+from scheduler_svc.core.errors import InvalidRequestError, QueueFullError
+from scheduler_svc.engine.async_engine import (
+    EngineDeadError,
+    NotAdmittingError,
+    RequestIdInUseError,
+)
+from scheduler_svc.executors.errors import WorkerUnavailableError
+
+logger = logging.getLogger(__name__)
+
+
+class NotReadyError(RuntimeError):
+    """The model is still loading."""
+
+
+_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
+    (RequestIdInUseError, grpc.StatusCode.ALREADY_EXISTS),
+    (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (NotReadyError, grpc.StatusCode.UNAVAILABLE),
+    (NotAdmittingError, grpc.StatusCode.UNAVAILABLE),
+    (EngineDeadError, grpc.StatusCode.UNAVAILABLE),
+    (WorkerUnavailableError, grpc.StatusCode.UNAVAILABLE),  # no worker (replica) left for it
+)
+
+
+def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
+    for kind, code in _CODES:
+        if isinstance(error, kind):
+            return code, str(error)
+    logger.exception("internal error", exc_info=error)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
+
+
+async def abort_with(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
+    code, message = status_for(error)
+    await context.abort(code, message)
+    raise AssertionError("unreachable: context.abort raises")  # for type checkers

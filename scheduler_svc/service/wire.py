@@ -1,0 +1,147 @@
+"""The Generation service's edge: protobuf messages in, plain objects out, and back.
+
+Every InvalidRequestError raised here names the field as the client spelled it on the wire
+(`sampling.top_p`, `token_ids`), so that the status message points at the client's own field.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from batchwire.v1 import generate_pb2
+
+from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.core.outputs import EngineCoreOutput
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.core.structured_output import compiler_for
+
+# SamplingParams fields a client may set, all `optional` on the wire: unset = the dataclass default.
+_SCALAR_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "ignore_eos",
+    "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
+    "include_stop_str_in_output", "skip_special_tokens",
+)
+_LIST_FIELDS = ("stop", "stop_token_ids")
+_PROMPT_FIELDS = ("text", "token_ids", "messages")
+MAX_REQUEST_ID_CHARS = 256
+
+
+def invalid(field: str, engine_error: InvalidRequestError) -> InvalidRequestError:
+    """The engine's error, renamed to the wire field; the engine's name stays when it differs."""
+    if engine_error.field == field:
+        return engine_error
+    return InvalidRequestError(f"{field} ({engine_error.field})", engine_error.message)
+
+
+def sampling_params(msg: generate_pb2.SamplingParams) -> SamplingParams:
+    kwargs: dict[str, Any] = {f: getattr(msg, f) for f in _SCALAR_FIELDS if msg.HasField(f)}
+    kwargs.update({f: list(getattr(msg, f)) for f in _LIST_FIELDS})
+    kind = msg.WhichOneof("constraint")
+    if kind == "choice":
+        kwargs[kind] = list(msg.choice.choices)
+    elif kind is not None:
+        kwargs[kind] = getattr(msg, kind)
+    try:
+        return SamplingParams(**kwargs)
+    except InvalidRequestError as e:
+        raise InvalidRequestError(f"sampling.{e.field}", e.message) from None
+
+
+def request_id(msg: generate_pb2.GenerateRequest) -> str:
+    if not msg.request_id:
+        return uuid.uuid4().hex
+    if len(msg.request_id) > MAX_REQUEST_ID_CHARS:
+        raise InvalidRequestError("request_id", f"{len(msg.request_id)} characters, at most "
+                                                f"{MAX_REQUEST_ID_CHARS} allowed")
+    return msg.request_id
+
+
+def prompt_field(msg: Any) -> str:
+    """Which one of text / token_ids / messages the request set; refuses none or several."""
+    present = [f for f in _PROMPT_FIELDS if _is_set(msg, f)]
+    if len(present) != 1:
+        given = ", ".join(present) if present else "none"
+        fields = [f for f in _PROMPT_FIELDS if f in msg.DESCRIPTOR.fields_by_name]
+        raise InvalidRequestError("prompt", f"set exactly one of {', '.join(fields)} "
+                                            f"(got {given})")
+    return present[0]
+
+
+def _is_set(msg: Any, field: str) -> bool:
+    if field not in msg.DESCRIPTOR.fields_by_name:
+        return False
+    return msg.HasField(field) if field == "text" else len(getattr(msg, field)) > 0
+
+
+def tokenize(msg: Any, tokenizer: Any, add_special_tokens: bool | None = None
+             ) -> tuple[str, list[int]]:
+    """(the prompt field the request set, its token ids); nothing checked against the model."""
+    field = prompt_field(msg)
+    if field == "text":
+        kwargs = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+        return field, list(tokenizer(msg.text, **kwargs).input_ids)
+    if field == "messages":
+        return field, chat_token_ids(tokenizer, msg.messages)
+    return field, list(msg.token_ids)
+
+
+def admission_error(error: InvalidRequestError, prompt: str) -> InvalidRequestError:
+    """The scheduler's refusal, with the field the client set on the wire: `prompt` is the prompt
+    field it used (text, token_ids or messages), sampling fields get their `sampling.` prefix."""
+    if error.field == "prompt_token_ids":
+        return invalid("token_ids", error)
+    if error.field == "prompt":
+        return invalid(prompt, error)
+    if error.field == "request_id":
+        return error
+    return InvalidRequestError(f"sampling.{error.field}", error.message)
+
+
+def chat_token_ids(tokenizer: Any, messages: Any) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequestError("messages", "the model has no chat template: send text or "
+                                              "token_ids")
+    for i, m in enumerate(messages):
+        if not m.role:
+            raise InvalidRequestError(f"messages[{i}].role", "must not be empty")
+    conversation = [{"role": m.role, "content": m.content} for m in messages]
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception as e:  # the template's own checks (e.g. roles that must alternate)
+        raise InvalidRequestError("messages", f"the chat template refused them: {e}") from None
+    # The rendered template already holds the special tokens it wants.
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def compile_constraint(params: SamplingParams, tokenizer: Any, vocab_size: int) -> None:
+    """Compiles the request's constraint into the shared cache, where the scheduler finds it.
+    Blocking: a large schema takes a while, so the servicer runs it on a worker thread."""
+    if params.constraint is None:
+        return
+    try:
+        compiler_for(tokenizer, vocab_size).compile(params.constraint)
+    except InvalidRequestError as e:
+        raise InvalidRequestError(f"sampling.{e.field}", e.message) from None
+
+
+def response(request_id: str, out: EngineCoreOutput) -> generate_pb2.GenerateResponse:
+    msg = generate_pb2.GenerateResponse(request_id=request_id, token_ids=out.new_token_ids,
+                                        text=out.new_text)
+    for lp in out.new_logprobs or ():
+        entry = msg.logprobs.add(token_id=lp.token_ids[0], logprob=lp.logprobs[0],
+                                 rank=lp.sampled_token_rank)
+        for token_id, logprob in zip(lp.token_ids[1:], lp.logprobs[1:], strict=True):
+            entry.top_logprobs.add(token_id=token_id, logprob=logprob)
+    if out.finished:
+        msg.finish_reason = out.finish_reason or "stop"
+        if isinstance(out.stop_reason, str):
+            msg.stop_string = out.stop_reason
+        elif out.stop_reason is not None:
+            msg.stop_token_id = out.stop_reason
+        msg.usage.prompt_tokens = out.num_prompt_tokens
+        msg.usage.completion_tokens = out.num_output_tokens
+        msg.usage.cached_tokens = out.num_cached_tokens
+        msg.usage.total_tokens = out.num_prompt_tokens + out.num_output_tokens
+    return msg
