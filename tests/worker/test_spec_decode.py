@@ -310,7 +310,8 @@ def drive_tp_prompts(worker, propose=None):
 
 
 def run_rank_with_drafts(model, rank, size, init_method, expected, results):
-    from worker_svc.config import WorkerConfig
+    from batchwire.common.worker_config import WorkerConfig
+
     from worker_svc.worker import Worker
 
     worker = Worker(WorkerConfig(
