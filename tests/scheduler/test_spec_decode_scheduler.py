@@ -223,3 +223,31 @@ def test_stats_count_drafts_and_acceptances_per_position():
     assert stats.drafted_per_position == [3, 3, 2]
     assert stats.accepted_per_position == [2, 1, 1]
     assert stats.acceptance_rate == 0.5
+
+
+def test_llm_keywords_and_cli_flags_turn_it_on():
+    from scheduler_svc import LLM
+    from scheduler_svc.cli.commands import _scheduler_config, build_parser
+    from scheduler_svc.executors.uni import UniProcExecutor
+
+    from .conftest import make_config
+    from .fake_worker import FakeWorker
+
+    worker = FakeWorker(num_blocks=40, block_size=4, vocab_size=64, max_model_len=64,
+                        next_token=copy_next_token)
+    llm = LLM(executor=UniProcExecutor(make_config(), worker), tokenizer=ByteTokenizer([b"a"] * 63),
+              max_model_len=64, block_size=4, speculative_method="ngram", num_speculative_tokens=2)
+    (out,) = llm.generate([CYCLE * 2], SamplingParams(temperature=0, max_tokens=12),
+                          use_tqdm=False)
+    assert out.token_ids == CYCLE * 2 and llm.engine.scheduler.stats.acceptance_rate == 1.0
+    assert max(len(e.ids) for so in worker.seen_outputs
+               for e in so.scheduled_spec_decode_tokens) == 2
+
+    for command in ("serve", "scheduler"):
+        args = build_parser().parse_args([command, "--speculative-method", "ngram",
+                                          "--num-speculative-tokens", "6",
+                                          "--prompt-lookup-min", "2", "--prompt-lookup-max", "5"])
+        config = _scheduler_config(args)
+        assert (config.speculative_method, config.num_speculative_tokens,
+                config.prompt_lookup_min, config.prompt_lookup_max) == ("ngram", 6, 2, 5)
+    assert _scheduler_config(build_parser().parse_args(["serve"])).speculative_method is None
