@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+
 class SizeError(argparse.ArgumentTypeError, ValueError):
     """Not a size: an option parser shows the message, other callers catch a ValueError."""
 

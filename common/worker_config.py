@@ -7,6 +7,7 @@ It lives here, without torch, because the scheduler builds one for the workers i
 from __future__ import annotations
 
 import dataclasses
+
 DTYPES = ("bfloat16", "float16", "float32")
 
 

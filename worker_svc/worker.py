@@ -53,7 +53,8 @@ class Worker:
         self.tp = TensorParallel(config.rank, config.tensor_parallel_size)
         init_distributed(self.tp, config.distributed_init_method, config.device)
         self.model = load_model(
-            self.model_path, getattr(torch, config.dtype), config.device, config.max_model_len, self.tp
+            self.model_path, getattr(torch, config.dtype), config.device, config.max_model_len,
+            self.tp,
         )
         self.num_blocks = allocate_kv_cache(self.model, config)
         self.runner = ModelRunner(config, self.model, self.num_blocks)
