@@ -6,6 +6,7 @@ peers on this machine, in one run. Each benchmark prints its tables and writes <
   serve       a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency
   step        CPU cost per step: persistent batch vs rebuild, schedule(), each transport
   prefix      a shared 512-token prefix with prefix caching on and off
+  spec        speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64
   all         every one of them, in that order
 """
 
@@ -24,6 +25,7 @@ BENCHMARKS = {  # name -> one line of help; each is a module of this package
     "serve": "a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency",
     "step": "CPU cost per step: persistent batch vs rebuild, schedule(), each transport",
     "prefix": "a shared 512-token prefix with prefix caching on and off",
+    "spec": "speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64",
 }
 
 

@@ -8,6 +8,7 @@ from batchwire.common.tls import ClientTls
 from batchwire.common.worker_config import POOLING_TYPES, TASKS, WorkerConfig
 
 POLICIES = ("fcfs", "priority")
+SPECULATIVE_METHODS = (None, "ngram")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -51,6 +52,14 @@ class SchedulerConfig:
     max_logprobs: int = 20  # the most top-n logprobs a request may ask for
     max_n: int = 16  # the most sequences one client request may sample (n)
 
+    # Speculative decoding (core/spec_decode.py): None = off; "ngram" = prompt-lookup drafts.
+    speculative_method: str | None = None
+    num_speculative_tokens: int = 4  # the most drafts per request and step (K)
+    # The suffix lengths the n-gram proposer matches, longest first. 2, not 1: a lone repeated
+    # token predicts little, and a rejected draft still costs its position in the forward pass.
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 4
+
     def __post_init__(self) -> None:
         positive = ("block_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len",
                     "max_queued_requests", "kv_cache_memory_bytes", "max_n")
@@ -78,6 +87,15 @@ class SchedulerConfig:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}, "
+                             f"got {self.speculative_method!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1, "
+                             f"got {self.num_speculative_tokens}")
+        if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
+            raise ValueError("need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                             f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             # Every running request needs at least one token per step.
             raise ValueError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at "

@@ -25,7 +25,14 @@ from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.pipeline import IntermediateTensors
 from worker_svc.pooler import Pooler
 from worker_svc.prompt_logprobs import attach_prompt_logprobs, compute_prompt_logprobs
+from worker_svc.rejection_sampler import RejectionSampler
 from worker_svc.sampler import Sampler, SamplerOutput
+from worker_svc.spec_decode_metadata import (
+    SpecDecodeMetadata,
+    build_spec_decode_metadata,
+    stage_draft_tokens,
+)
+from worker_svc.spec_decode_output import record_verified
 from worker_svc.validation import (
     InvalidStepError,
     StepLimits,
@@ -39,9 +46,12 @@ class ExecuteModelState:
     """Parked between execute_model() and sample_tokens()."""
 
     scheduler_output: worker_pb2.SchedulerOutput
-    logits: torch.Tensor  # [num_reqs, vocab] float32, one row per request in batch order
+    # [num_reqs, vocab] float32, one row per request in batch order; with drafts
+    # [num_drafts + num_reqs, vocab], laid out as spec says
+    logits: torch.Tensor
     discard: np.ndarray  # [num_reqs] bool: rows still mid-prefill, whose samples are dropped
     prompt_logprobs: dict[int, worker_pb2.PromptLogprobs]  # row -> this step's prompt positions
+    spec: SpecDecodeMetadata | None = None  # the step's draft layout; None = no drafts
 
 
 class ModelRunner:
@@ -62,6 +72,7 @@ class ModelRunner:
         shared_generator = torch.Generator(device=self.device)
         shared_generator.manual_seed(config.seed)
         self.sampler = Sampler(shared_generator)  # for requests that bring no seed
+        self.rejection_sampler = RejectionSampler(self.sampler)  # for steps with drafts
         self.execute_model_state: ExecuteModelState | None = None
         self.prompt_logprobs_reqs: set[str] = set()  # held requests that asked for them
         self.pooler = (
@@ -88,7 +99,7 @@ class ModelRunner:
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return worker_pb2.ModelRunnerOutput()
-        logits_indices, discard, metadata = self._prepare_inputs(so)
+        logits_indices, discard, metadata, spec = self._prepare_inputs(so)
         num_tokens = so.total_num_scheduled_tokens
         with torch.inference_mode(), set_forward_context(metadata):
             hidden = self._run_stage(num_tokens)
@@ -96,7 +107,7 @@ class ModelRunner:
                 return worker_pb2.ModelRunnerOutput()
             if self.pooler is not None:  # a pooling model answers now and parks nothing
                 return self._pooled_output(hidden, discard)
-            logits = self.model.compute_logits(hidden[logits_indices])  # [num_reqs, vocab]
+            logits = self.model.compute_logits(hidden[logits_indices])  # [num_logits, vocab]
             prompt_logprobs = {}
             if self.prompt_logprobs_reqs:
                 batch = self.input_batch
@@ -105,7 +116,7 @@ class ModelRunner:
                     batch.num_computed_tokens_np[: batch.num_reqs],
                     self._num_scheduled_per_row(so),
                 )  # fmt: skip
-        self.execute_model_state = ExecuteModelState(so, logits, discard, prompt_logprobs)
+        self.execute_model_state = ExecuteModelState(so, logits, discard, prompt_logprobs, spec)
         return None
 
     def sample_tokens(
@@ -116,20 +127,25 @@ class ModelRunner:
             return worker_pb2.ModelRunnerOutput()
         batch = self.input_batch
         if grammar is not None and grammar.req_ids:
-            validate_grammar_output(grammar, batch.req_id_to_index, self.vocab_size)
+            drafted = [e.req_id for e in state.scheduler_output.scheduled_spec_decode_tokens]
+            validate_grammar_output(grammar, batch.req_id_to_index, self.vocab_size, drafted)
         self.execute_model_state = None
         logits = state.logits
         with torch.inference_mode():
             if grammar is not None and grammar.req_ids:
-                rows = self._on_device(
-                    torch.tensor([batch.req_id_to_index[r] for r in grammar.req_ids])
-                )
+                rows_np = np.array([batch.req_id_to_index[r] for r in grammar.req_ids])
+                if state.spec is not None:  # an undrafted request's one row is its bonus row
+                    rows_np = state.spec.bonus_logits_indices[rows_np]
+                rows = self._on_device(torch.from_numpy(rows_np))
                 words = np.frombuffer(grammar.bitmask, dtype="<i4").reshape(
                     len(grammar.req_ids), -1
                 )
                 bitmask = self._on_device(torch.from_numpy(words.copy()))
                 kernels.apply_token_bitmask(logits, bitmask, rows)
             metadata = batch.sampling_metadata
+            if state.spec is not None:
+                verified = self.rejection_sampler(logits, metadata, state.spec, state.discard)
+                return record_verified(batch, verified)
             # A mid-prefill row's draw is thrown away; rewind its generator so a seeded request's
             # tokens do not depend on how its prefill was chunked.
             rewind = {
@@ -256,7 +272,7 @@ class ModelRunner:
 
     def _prepare_inputs(
         self, so: worker_pb2.SchedulerOutput
-    ) -> tuple[torch.Tensor, np.ndarray, AttentionMetadata]:
+    ) -> tuple[torch.Tensor, np.ndarray, AttentionMetadata, SpecDecodeMetadata | None]:
         batch = self.input_batch
         num_reqs, num_tokens = batch.num_reqs, so.total_num_scheduled_tokens
         num_scheduled = self._num_scheduled_per_row(so)  # [reqs]
@@ -270,6 +286,7 @@ class ModelRunner:
         positions = self.positions_np[:num_tokens]
         np.add(computed[req_indices], query_pos, out=positions)
 
+        num_drafts = stage_draft_tokens(so, batch)  # [reqs]; None = no drafts this step
         # One gather pulls every scheduled token id out of the [rows, max_model_len] buffer.
         token_indices = torch.from_numpy(positions + req_indices * batch.token_ids_np.shape[1])
         torch.index_select(
@@ -281,10 +298,18 @@ class ModelRunner:
         query_start_loc[1 : num_reqs + 1] = cu_num_tokens
         query_start_loc[num_reqs + 1 :] = num_tokens  # padded non-decreasing for the kernels
         seq_lens = self.seq_lens_np[:num_reqs]
+        # Optimistic with drafts: as if every draft will be accepted.
         np.add(computed, num_scheduled, out=seq_lens)
         # Rows that will still be short of their tokens after this step are mid-prefill.
         discard = seq_lens < batch.num_tokens_np[:num_reqs]  # [reqs]
-        logits_indices = self._on_device(torch.from_numpy(cu_num_tokens - 1))  # [reqs] last tokens
+        spec = None
+        if num_drafts is None:
+            logits_indices = self._on_device(torch.from_numpy(cu_num_tokens - 1))  # [reqs] last
+        else:
+            spec = build_spec_decode_metadata(
+                num_drafts, cu_num_tokens, self.input_ids[:num_tokens]
+            )
+            logits_indices = self._on_device(spec.logits_indices)  # [drafts + reqs]
 
         slot_mapping = batch.block_table.compute_slot_mapping(req_indices, positions)
         max_seq_len = int(seq_lens.max())
@@ -299,7 +324,7 @@ class ModelRunner:
             query_start_loc_cpu=query_start_loc[: num_reqs + 1],
             seq_lens_cpu=seq_lens,
         )
-        return logits_indices, discard, metadata
+        return logits_indices, discard, metadata, spec
 
     def _on_device(self, host: torch.Tensor) -> torch.Tensor:
         """The step's inputs are laid out in host buffers; an accelerator gets one copy of each."""

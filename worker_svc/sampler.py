@@ -41,8 +41,15 @@ class Sampler:
         # Draws for rows without a seed of their own; None = torch's default generator.
         self.generator = generator
 
-    def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
-        # logits: [num_reqs, vocab] float32; modified in place.
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        metadata: SamplingMetadata,
+        uniforms: torch.Tensor | None = None,
+    ) -> SamplerOutput:
+        # logits: [num_reqs, vocab] float32; modified in place. uniforms: [num_reqs, vocab]
+        # float32 in [0, 1) for the random rows' draws, when the caller drew them itself
+        # (the rejection sampler); None = drawn here from the rows' generators.
         raw_logprobs = None
         if metadata.max_num_logprobs is not None:
             raw_logprobs = logits.log_softmax(dim=-1, dtype=torch.float32)  # [num_reqs, vocab]
@@ -56,14 +63,16 @@ class Sampler:
         if metadata.all_greedy:
             sampled = logits.argmax(dim=-1)  # [num_reqs]
         else:
-            sampled = self._sample_random(logits, metadata)
+            sampled = self._sample_random(logits, metadata, uniforms)
 
         logprobs = None
         if raw_logprobs is not None:
             logprobs = gather_logprobs(raw_logprobs, sampled, metadata.max_num_logprobs or 0)
         return SamplerOutput(sampled_token_ids=sampled, logprobs=logprobs)
 
-    def _sample_random(self, logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+    def _sample_random(
+        self, logits: torch.Tensor, metadata: SamplingMetadata, uniforms: torch.Tensor | None
+    ) -> torch.Tensor:
         temp = metadata.temperature  # [num_reqs]
         greedy = None
         if not metadata.all_random:
@@ -79,7 +88,9 @@ class Sampler:
 
         # float32 even for half-precision logits: the race needs fine-grained uniforms.
         probs = logits.softmax(dim=-1, dtype=torch.float32)  # [num_reqs, vocab]
-        random = self._exponential_race(probs, metadata.generators)  # [num_reqs]
+        if uniforms is None:
+            uniforms = self.draw_uniforms(probs, metadata.generators)
+        random = exponential_race(probs, uniforms)  # [num_reqs]
         if greedy is None:
             return random
         return torch.where(metadata.temperature < GREEDY_EPS, greedy, random)
@@ -87,17 +98,17 @@ class Sampler:
     @staticmethod
     def skip_draws(generator: torch.Generator, vocab_size: int, num_steps: int) -> None:
         """Moves a seeded generator past `num_steps` sampled tokens: one float32 row of
-        `vocab_size` uniforms each, as _exponential_race draws them."""
+        `vocab_size` uniforms each, as draw_uniforms draws them."""
         row = torch.empty(vocab_size, dtype=torch.float32, device=generator.device)
         for _ in range(num_steps):
             row.uniform_(generator=generator)
 
-    def _exponential_race(
+    def draw_uniforms(
         self, probs: torch.Tensor, generators: dict[int, torch.Generator]
     ) -> torch.Tensor:
-        """argmax(p / q) with q ~ Exp(1) picks token i with probability p_i, one row at a time.
+        """[num_reqs, vocab] uniforms for exponential_race: one row per sampled token.
 
-        A seeded row fills its whole q row from its own generator, so its draw depends only
+        A seeded row fills its whole row from its own generator, so its draw depends only
         on its seed, its step count and its own probabilities, never on the batch around it.
         """
         u = torch.empty_like(probs)  # [num_reqs, vocab]
@@ -105,9 +116,17 @@ class Sampler:
             u.uniform_(generator=self.generator)
         for row, gen in generators.items():
             u[row].uniform_(generator=gen)
-        # -log(U) is Exp(1), ~5x cheaper on CPU than exponential_. U is in [0, 1), so log(U) is
-        # in [-inf, 0): never a division by zero. argmax(p / -log U) = argmin(p / log U).
-        return probs.div_(u.log_()).argmin(dim=-1)
+        return u
+
+
+def exponential_race(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """argmax(p / q) with q = -log U ~ Exp(1) picks token i with probability p_i, per row.
+
+    Both [num_rows, vocab] float32, both consumed in place; returns [num_rows] int64.
+    """
+    # -log(U) is Exp(1), ~5x cheaper on CPU than exponential_. U is in [0, 1), so log(U) is
+    # in [-inf, 0): never a division by zero. argmax(p / -log U) = argmin(p / log U).
+    return probs.div_(uniforms.log_()).argmin(dim=-1)
 
 
 def apply_min_tokens(logits: torch.Tensor, metadata: SamplingMetadata) -> None:

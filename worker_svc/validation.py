@@ -6,7 +6,7 @@ A bad SchedulerOutput or GrammarOutput is refused whole, so the persistent batch
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from batchwire.v1 import worker_pb2
@@ -21,6 +21,7 @@ class _KnownRequest(Protocol):
     def num_tokens(self) -> int: ...
 
     block_ids: list[int]
+    sampling: worker_pb2.RequestSamplingParams
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -45,6 +46,7 @@ def validate_scheduler_output(
     """`appends_new_tokens`: this rank learns sampled tokens from cached_new_token_ids (a
     pipeline stage before the last), so a cached request holds that many more tokens."""
     finished = set(so.finished_req_ids)
+    drafts = _draft_counts(so.scheduled_spec_decode_tokens, limits.vocab_size)
     seen: set[str] = set()
     total = 0
     for new in so.scheduled_new_reqs:
@@ -61,8 +63,17 @@ def validate_scheduler_output(
         _check_tokens(new.prompt_token_ids, limits.vocab_size, where)
         _check_tokens(new.output_token_ids, limits.vocab_size, where)
         _check_blocks(new.block_ids, limits, where)
+        num_drafts = drafts.get(new.req_id, 0)
+        if num_drafts:
+            _check_drafts(
+                num_drafts, new.num_computed_tokens, new.num_scheduled_tokens,
+                n_prompt + n_output, new.sampling, limits, where,
+            )  # fmt: skip
         _check_counts(
-            new.num_computed_tokens, new.num_scheduled_tokens, n_prompt + n_output, where
+            new.num_computed_tokens,
+            new.num_scheduled_tokens,
+            n_prompt + n_output + num_drafts,
+            where,
         )
         _check_coverage(
             len(new.block_ids), new.num_computed_tokens + new.num_scheduled_tokens, limits, where
@@ -116,10 +127,20 @@ def validate_scheduler_output(
         if appends_new_tokens and new_tokens:
             _check_tokens(new_tokens[i].ids, limits.vocab_size, where)
             num_tokens += len(new_tokens[i].ids)
+        num_drafts = drafts.get(req_id, 0)
+        if num_drafts:
+            _check_drafts(
+                num_drafts, cached.num_computed_tokens[i], cached.num_scheduled_tokens[i],
+                num_tokens, state.sampling, limits, where,
+            )  # fmt: skip
         _check_counts(
-            cached.num_computed_tokens[i], cached.num_scheduled_tokens[i], num_tokens, where
+            cached.num_computed_tokens[i], cached.num_scheduled_tokens[i],
+            num_tokens + num_drafts, where,
+        )  # fmt: skip
+        will_sample = (
+            cached.num_computed_tokens[i] + cached.num_scheduled_tokens[i]
+            == num_tokens + num_drafts
         )
-        will_sample = cached.num_computed_tokens[i] + cached.num_scheduled_tokens[i] == num_tokens
         if will_sample and num_tokens >= limits.max_model_len:
             raise InvalidStepError(
                 f"{where} already holds max_model_len={limits.max_model_len} tokens"
@@ -129,6 +150,11 @@ def validate_scheduler_output(
         _check_coverage(num_blocks, needed, limits, where)
         total += cached.num_scheduled_tokens[i]
 
+    unscheduled = sorted(drafts.keys() - seen)
+    if unscheduled:
+        raise InvalidStepError(
+            f"draft tokens for requests not scheduled this step: {unscheduled[:4]}"
+        )
     if total != so.total_num_scheduled_tokens:
         raise InvalidStepError(
             f"total_num_scheduled_tokens is {so.total_num_scheduled_tokens}, "
@@ -146,7 +172,10 @@ def validate_scheduler_output(
 
 
 def validate_grammar_output(
-    g: worker_pb2.GrammarOutput, batch_req_ids: Mapping[str, int], vocab_size: int
+    g: worker_pb2.GrammarOutput,
+    batch_req_ids: Mapping[str, int],
+    vocab_size: int,
+    drafted: Collection[str] = (),
 ) -> None:
     words = -(-vocab_size // 32)
     expected = len(g.req_ids) * words * 4
@@ -158,6 +187,61 @@ def validate_grammar_output(
     unknown = [r for r in g.req_ids if r not in batch_req_ids]
     if unknown:
         raise InvalidStepError(f"grammar bitmask names requests not in this step: {unknown[:4]}")
+    # One mask row per request fits only its first position; drafted requests are unconstrained.
+    constrained_drafts = [r for r in g.req_ids if r in drafted]
+    if constrained_drafts:
+        raise InvalidStepError(
+            f"grammar bitmask names requests with draft tokens: {constrained_drafts[:4]}"
+        )
+
+
+def _draft_counts(
+    entries: Sequence[worker_pb2.SpecDecodeTokens], vocab_size: int
+) -> dict[str, int]:
+    """req_id -> number of drafts, after checking each entry on its own."""
+    counts: dict[str, int] = {}
+    for entry in entries:
+        where = f"draft tokens of {entry.req_id!r}"
+        if entry.req_id in counts:
+            raise InvalidStepError(f"{where} are listed twice in scheduled_spec_decode_tokens")
+        if not entry.ids:
+            raise InvalidStepError(f"{where}: an entry with no ids (leave the request out)")
+        _check_tokens(entry.ids, vocab_size, where)
+        counts[entry.req_id] = len(entry.ids)
+    return counts
+
+
+def _check_drafts(
+    num_drafts: int,
+    computed: int,
+    scheduled: int,
+    num_tokens: int,
+    sampling: worker_pb2.RequestSamplingParams,
+    limits: StepLimits,
+    where: str,
+) -> None:
+    """A request verifying d drafts is decoding and runs its last token plus the d drafts."""
+    if computed != num_tokens - 1:
+        raise InvalidStepError(
+            f"{where}: {num_drafts} draft tokens for a request mid-prefill ({computed} of "
+            f"{num_tokens} tokens computed; drafts need all but the last)"
+        )
+    if scheduled != 1 + num_drafts:
+        raise InvalidStepError(
+            f"{where}: {num_drafts} draft tokens need exactly {1 + num_drafts} scheduled tokens, "
+            f"got {scheduled}"
+        )
+    constraint = sampling.WhichOneof("constraint")
+    if constraint is not None:
+        raise InvalidStepError(
+            f"{where}: draft tokens for a request with a {constraint} constraint, which "
+            "speculative decoding does not support"
+        )
+    if num_tokens + num_drafts >= limits.max_model_len:
+        raise InvalidStepError(
+            f"{where}: {num_tokens} tokens and {num_drafts} drafts reach "
+            f"max_model_len={limits.max_model_len}"
+        )
 
 
 def _check_id(req_id: str, where: str, seen: set[str]) -> None:

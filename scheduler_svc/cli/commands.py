@@ -90,6 +90,26 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     _option(g, "--seed", _DEFAULTS["seed"], "seeds requests that bring no seed", type=int)
     _flag(g, "--no-prefix-caching", "do not reuse the KV cache of shared prompt prefixes")
     _flag(g, "--no-chunked-prefill", "run every prompt in one step")
+    _add_speculative_options(p)
+
+
+def _add_speculative_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("speculative decoding (off unless --speculative-method is given)")
+    _option(g, "--speculative-method", None, "propose draft tokens for running requests and "
+            "verify them in one forward pass; ngram: prompt lookup, no draft model",
+            choices=("ngram",))
+    _option(g, "--num-speculative-tokens", _DEFAULTS["num_speculative_tokens"],
+            "most draft tokens per request and step", type=int)
+    _option(g, "--prompt-lookup-min", _DEFAULTS["prompt_lookup_min"],
+            "shortest suffix the n-gram proposer matches", type=int)
+    _option(g, "--prompt-lookup-max", _DEFAULTS["prompt_lookup_max"],
+            "longest suffix the n-gram proposer matches (tried first)", type=int)
+
+
+def _speculative_config(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(speculative_method=args.speculative_method,
+                num_speculative_tokens=args.num_speculative_tokens,
+                prompt_lookup_min=args.prompt_lookup_min, prompt_lookup_max=args.prompt_lookup_max)
 
 
 def _add_task_options(p: argparse.ArgumentParser) -> None:
@@ -165,7 +185,8 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         seed=args.seed, enable_prefix_caching=not args.no_prefix_caching,
         enable_chunked_prefill=not args.no_chunked_prefill, task=args.task,
         pooling_type=args.pooling_type, normalize=args.normalize,
-        pipeline_parallel_size=args.pipeline_parallel_size, **extra)
+        pipeline_parallel_size=args.pipeline_parallel_size,
+        **_speculative_config(args), **extra)
 
 
 def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: int = 1,

@@ -13,11 +13,11 @@ benchmarks/scheduler_step.py).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 from batchwire.v1 import worker_pb2
 
 from scheduler_svc.config import SchedulerConfig
@@ -36,7 +36,9 @@ from scheduler_svc.core.sampling_params import (
     validate_length,
     validate_prompt,
 )
-from scheduler_svc.core.stop_checker import check_stop
+from scheduler_svc.core.scheduler_stats import SchedulerStats
+from scheduler_svc.core.spec_decode import SpecDecoder, add_drafts, draft_counts, read_logprobs
+from scheduler_svc.core.stop_checker import append_tokens
 from scheduler_svc.core.structured_output import RequestGrammar, build_grammar_output, compiler_for
 
 _BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -50,16 +52,6 @@ def short_id(n: int) -> str:
         digits.append(_BASE36[r])
         if n == 0:
             return "".join(reversed(digits))
-
-
-@dataclasses.dataclass(slots=True)
-class SchedulerStats:
-    """Running totals, for metrics and for tests that must know a path was taken."""
-
-    num_steps: int = 0
-    num_preemptions: int = 0
-    num_prefix_queries: int = 0  # tokens looked up in the prefix cache at admission
-    num_prefix_hits: int = 0  # of which found
 
 
 class Scheduler:
@@ -107,6 +99,9 @@ class Scheduler:
         self._constrained: dict[str, Request] = {}  # unfinished requests with a grammar
         self._next_id = 0
         self.stats = SchedulerStats()
+        self.spec = None if config.speculative_method is None else SpecDecoder(
+            config.num_speculative_tokens, config.prompt_lookup_min, config.prompt_lookup_max,
+            self.max_model_len)
 
 
     def add_request(
@@ -201,6 +196,7 @@ class Scheduler:
         num_scheduled: dict[str, int] = {}  # wire id -> tokens to compute this step
         new_block_ids: dict[str, list[int]] = {}  # running requests' blocks added this step
         scheduled_running: list[Request] = []
+        drafts: dict[str, np.ndarray] = {}  # wire id -> [d] draft tokens, d >= 1
         preempted = False
 
         i = 0
@@ -215,7 +211,14 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            new_blocks = self.kv.allocate_slots(request, n)
+            new_blocks = None
+            if self.spec is not None and n == 1:
+                new_blocks, proposed = self.spec.allocate_with_drafts(self.kv, request, budget)
+                if new_blocks is not None:
+                    n += proposed.size
+                    drafts[request.wire_id] = proposed
+            if new_blocks is None:
+                new_blocks = self.kv.allocate_slots(request, n)
             while new_blocks is None:
                 victim = self._preemption_victim()
                 index = self.running.index(victim)
@@ -223,6 +226,7 @@ class Scheduler:
                 if victim.wire_id in num_scheduled:  # possible under the priority policy
                     budget += num_scheduled.pop(victim.wire_id)
                     del new_block_ids[victim.wire_id]
+                    drafts.pop(victim.wire_id, None)
                     scheduled_running.remove(victim)
                 if index < i:
                     i -= 1
@@ -271,6 +275,7 @@ class Scheduler:
 
         so = self._build_output(new_reqs, scheduled_running, resumed_reqs, num_scheduled,
                                 new_block_ids)
+        add_drafts(so, drafts)
         # The KV of the scheduled tokens is being written now: the next step starts after it.
         for request in (*scheduled_running, *new_reqs, *resumed_reqs):
             request.num_computed_tokens += num_scheduled[request.wire_id]
@@ -307,7 +312,7 @@ class Scheduler:
             return self._update_from_pooled(model_output)
         outputs = []
         stopped: set[Request] = set()
-        all_logprobs = model_output.logprobs
+        drafted = draft_counts(so) if so.scheduled_spec_decode_tokens else None
         requests = self.requests
         prompt_logprobs = model_output.prompt_logprobs
         for index, (req_id, sampled) in enumerate(
@@ -320,31 +325,13 @@ class Scheduler:
             request = requests.get(req_id)
             if request is None:
                 continue  # aborted while the step ran
-            status = None
-            tokens = request.all_token_ids
-            grammar = request.grammar
-            for j, token in enumerate(new_ids):
-                tokens.append(token)
-                if grammar is not None and grammar.accept(token):
-                    status = RequestStatus.FINISHED_STOPPED  # the grammar is complete
-                    del new_ids[j + 1:]
-                    break
-                if token in request.stop_ids or len(tokens) >= request.max_num_tokens:
-                    status = check_stop(request, self.max_model_len)
-                    if status is not None:
-                        del new_ids[j + 1:]
-                        break
-            text = ""
-            if request.detokenizer is not None:
-                text, stop_str = request.detokenizer.update(new_ids, finished=status is not None)
-                if stop_str is not None and status is None:
-                    status = RequestStatus.FINISHED_STOPPED
-                    request.stop_reason = stop_str
-            logprobs = None
-            if all_logprobs and all_logprobs[index].token_ids:
-                lp = all_logprobs[index]
-                logprobs = [TokenLogprobs(list(lp.token_ids), list(lp.logprobs),
-                                          lp.sampled_token_rank)]
+            if drafted is not None and (num_drafts := drafted.get(req_id, 0)):
+                # The worker kept len(new_ids) of the 1 + d positions; the KV of the rest is
+                # stale, recomputed from the first rejected position on.
+                request.num_computed_tokens -= num_drafts + 1 - len(new_ids)
+                self.stats.record_verified(num_drafts, len(new_ids) - 1)
+            status, text = append_tokens(request, new_ids, self.max_model_len)
+            logprobs = read_logprobs(model_output, index, drafted is not None, len(new_ids))
             if status is not None:
                 stopped.add(request)
                 self._finish(request, status)
@@ -396,6 +383,8 @@ class Scheduler:
             self.finished_req_ids.append(request.wire_id)
         request.status = status
         self.kv.free(request)
+        if self.spec is not None:
+            self.spec.forget(request)
         del self.requests[request.wire_id]
         self._constrained.pop(request.wire_id, None)
 

@@ -56,6 +56,12 @@ class EngineStats:
     num_preemptions: int = 0
     num_prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     num_prefix_hits: int = 0
+    # Speculative decoding, summed over replicas (SchedulerStats has each one's meaning).
+    num_spec_requests: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    drafted_per_position: tuple[int, ...] = ()  # [K]
+    accepted_per_position: tuple[int, ...] = ()  # [K]
 
     @property
     def kv_usage(self) -> float:
@@ -271,7 +277,12 @@ class AsyncEngine:
             num_steps=sum(s.stats.num_steps for s in schedulers),
             num_preemptions=sum(s.stats.num_preemptions for s in schedulers),
             num_prefix_queries=sum(s.stats.num_prefix_queries for s in schedulers),
-            num_prefix_hits=sum(s.stats.num_prefix_hits for s in schedulers))
+            num_prefix_hits=sum(s.stats.num_prefix_hits for s in schedulers),
+            num_spec_requests=sum(s.stats.num_spec_requests for s in schedulers),
+            num_draft_tokens=sum(s.stats.num_draft_tokens for s in schedulers),
+            num_accepted_tokens=sum(s.stats.num_accepted_tokens for s in schedulers),
+            drafted_per_position=_sum_lists([s.stats.drafted_per_position for s in schedulers]),
+            accepted_per_position=_sum_lists([s.stats.accepted_per_position for s in schedulers]))
         if self.observer is not None:
             self.observer.observe_engine(self.stats)
 
@@ -314,3 +325,12 @@ class AsyncEngine:
             self._forget(stream)
         if self.on_dead is not None:
             self.on_dead(error)
+
+
+def _sum_lists(lists: list[list[int]]) -> tuple[int, ...]:
+    """Element-wise sums of lists of any lengths (a replica may not have drafted K yet)."""
+    sums = [0] * max((len(x) for x in lists), default=0)
+    for values in lists:
+        for j, v in enumerate(values):
+            sums[j] += v
+    return tuple(sums)

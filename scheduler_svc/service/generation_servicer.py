@@ -212,6 +212,15 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         limits.max_queued_requests = m.config.max_queued_requests
         limits.max_logprobs = m.config.max_logprobs
         limits.max_n = m.config.max_n
+        if m.config.speculative_method is not None:
+            spec = info.speculative_decoding
+            spec.method = m.config.speculative_method
+            spec.num_speculative_tokens = m.config.num_speculative_tokens
+            spec.num_drafts = stats.num_spec_requests
+            spec.num_draft_tokens = stats.num_draft_tokens
+            spec.num_accepted_tokens = stats.num_accepted_tokens
+            spec.drafted_per_position.extend(stats.drafted_per_position)
+            spec.accepted_per_position.extend(stats.accepted_per_position)
         return info
 
     async def Tokenize(self, request: generate_pb2.TokenizeRequest,

@@ -68,6 +68,16 @@ class SchedulerMetrics:
         self.model_name = ""  # set once the model is loaded
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes
         PlatformCollector(registry=r)  # python_info
+        self.spec_drafts = Counter("batchwire_spec_decode_num_drafts", "Request-steps that "
+                                   "verified draft tokens.", registry=r)
+        self.spec_draft_tokens = Counter("batchwire_spec_decode_num_draft_tokens",
+                                         "Draft tokens proposed and verified.", registry=r)
+        self.spec_accepted_tokens = Counter("batchwire_spec_decode_num_accepted_tokens",
+                                            "Draft tokens accepted.", registry=r)
+        self.spec_accepted_per_pos = Counter(
+            "batchwire_spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each position of a step's drafts (0 = the first).",
+            ["position"], registry=r)
         self._last = EngineStats()
 
     def observe_engine(self, stats: EngineStats) -> None:
@@ -82,6 +92,19 @@ class SchedulerMetrics:
         self.prefix_hits.inc(max(stats.num_prefix_hits - last.num_prefix_hits, 0))
         if stats.num_prefix_queries:
             self.prefix_hit_rate.set(stats.num_prefix_hits / stats.num_prefix_queries)
+        if stats.num_draft_tokens != last.num_draft_tokens:
+            self._observe_spec_decode(stats, last)
+
+    def _observe_spec_decode(self, stats: EngineStats, last: EngineStats) -> None:
+        self.spec_drafts.inc(max(stats.num_spec_requests - last.num_spec_requests, 0))
+        self.spec_draft_tokens.inc(max(stats.num_draft_tokens - last.num_draft_tokens, 0))
+        self.spec_accepted_tokens.inc(
+            max(stats.num_accepted_tokens - last.num_accepted_tokens, 0))
+        before = last.accepted_per_position
+        for j, n in enumerate(stats.accepted_per_position):
+            delta = n - (before[j] if j < len(before) else 0)
+            if delta > 0:
+                self.spec_accepted_per_pos.labels(str(j)).inc(delta)
 
     def observe_finished(self, stream: RequestStream, last: EngineCoreOutput) -> None:
         now = time.monotonic()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("throughput", "serve", "step", "prefix")
+NAMES = ("throughput", "serve", "step", "prefix", "spec")
 
 
 def test_bench_all_quick(tmp_path: Path) -> None:
@@ -52,3 +52,11 @@ def test_bench_all_quick(tmp_path: Path) -> None:
     assert results["step"]["ratios"]["rebuild / persistent batch"] > 0
     assert "transport zmq" in results["step"]["results"]
     assert results["prefix"]["ratios"]["shared prefix: TTFT, off / on"] > 0
+
+    spec = results["spec"]
+    assert {"1 stream, off", "1 stream, K=2", "4 streams, off", "4 streams, K=2"} <= set(
+        spec["results"])
+    assert spec["results"]["1 stream, off"]["acceptance"]["median"] == 0
+    assert 0 <= spec["results"]["4 streams, K=2"]["acceptance"]["median"] <= 1
+    assert spec["ratios"]["W64: tokens/s, K=4 / off"] > 0
+    assert all(v["off"] > 0 and v["on"] > 0 for v in spec["scheduler_step_ms"].values())

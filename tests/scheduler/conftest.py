@@ -10,7 +10,7 @@ from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.engine.engine_core import EngineCore
 from scheduler_svc.executors.uni import UniProcExecutor
 
-from .fake_worker import FakeWorker
+from .fake_worker import FakeWorker, fake_next_token
 
 
 def make_config(**overrides) -> SchedulerConfig:
@@ -59,11 +59,12 @@ def run_step(scheduler: Scheduler, tokens: dict[str, int] | int = 7):
 
 
 def make_fake_engine(num_blocks: int, block_size: int, vocab_size: int = 64,
-                     eos_token_ids=(1,), **config) -> tuple[EngineCore, FakeWorker]:
+                     eos_token_ids=(1,), next_token=fake_next_token, tokenizer=None,
+                     **config) -> tuple[EngineCore, FakeWorker]:
     cfg = make_config(block_size=block_size, **config)
     worker = FakeWorker(num_blocks, block_size, vocab_size, tuple(eos_token_ids),
-                        max_model_len=cfg.max_model_len)
-    return EngineCore(cfg, UniProcExecutor(cfg, worker)), worker
+                        max_model_len=cfg.max_model_len, next_token=next_token)
+    return EngineCore(cfg, UniProcExecutor(cfg, worker), tokenizer), worker
 
 
 class ByteTokenizer:

@@ -5,14 +5,21 @@ request's tokens, as the real worker does. Its "KV cache" is one (position, toke
 written through the block table the scheduler sent; its "model" reads the sequence back through
 the block table and hashes it. So a block shared, freed or evicted wrongly by the scheduler shows
 up as a wrong token, exactly as stale KV would in a real model.
+
+Draft tokens (speculative decoding) are verified greedily, as the real worker does: their KV is
+written after the request's tokens, the model runs at every draft position, and drafts are kept
+while they equal its token, then its own token is appended.
 """
 
 from __future__ import annotations
 
 import zlib
 from array import array
+from collections.abc import Callable
 
 from batchwire.v1 import worker_pb2
+
+NextToken = Callable[[list[int], int], int]  # (sequence, vocab size) -> the next token
 
 
 def fake_next_token(tokens: list[int], vocab_size: int) -> int:
@@ -20,11 +27,17 @@ def fake_next_token(tokens: list[int], vocab_size: int) -> int:
     return zlib.crc32(array("i", tokens).tobytes()) % vocab_size
 
 
-def fake_greedy(prompt: list[int], num_tokens: int, vocab_size: int) -> list[int]:
+def copy_next_token(tokens: list[int], vocab_size: int, period: int = 6) -> int:
+    """A model that repeats the sequence with a period: n-gram drafts are always right."""
+    return tokens[-period] if len(tokens) >= period and min(tokens) >= 0 else 0
+
+
+def fake_greedy(prompt: list[int], num_tokens: int, vocab_size: int,
+                next_token: NextToken = fake_next_token) -> list[int]:
     """What the fake model generates for a prompt run alone (no stop rule applied)."""
     tokens = list(prompt)
     for _ in range(num_tokens):
-        tokens.append(fake_next_token(tokens, vocab_size))
+        tokens.append(next_token(tokens, vocab_size))
     return tokens[len(prompt):]
 
 
@@ -40,16 +53,17 @@ class _State:
 class FakeWorker:
     def __init__(self, num_blocks: int, block_size: int, vocab_size: int = 64,
                  eos_token_ids: tuple[int, ...] = (1,), max_model_len: int = 2048,
-                 max_num_reqs: int = 256) -> None:
+                 max_num_reqs: int = 256, next_token: NextToken = fake_next_token) -> None:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
         self.max_num_reqs = max_num_reqs
+        self.next_token = next_token
         self.kv: list[tuple[int, int] | None] = [None] * (num_blocks * block_size)  # per slot
         self.requests: dict[str, _State] = {}
-        self.parked: list[tuple[str, bool]] | None = None
+        self.parked: list[tuple[str, bool, list[int]]] | None = None
         self.num_steps = 0
         self.seen_outputs: list[worker_pb2.SchedulerOutput] = []
 
@@ -67,6 +81,7 @@ class FakeWorker:
         for req_id in so.finished_req_ids:
             assert req_id in self.requests, f"finished id {req_id!r} was never scheduled"
             del self.requests[req_id]
+        drafts = {e.req_id: list(e.ids) for e in so.scheduled_spec_decode_tokens}
         work: list[tuple[str, int, int]] = []
         for new in so.scheduled_new_reqs:
             assert new.req_id not in self.requests, f"{new.req_id!r} sent in full twice"
@@ -87,29 +102,38 @@ class FakeWorker:
         # Like a forward pass, every scheduled token's KV is written before any of it is read.
         for req_id, computed, n in work:
             state = self.requests[req_id]
-            assert n > 0 and computed + n <= len(state.tokens), (req_id, computed, n)
+            tokens = state.tokens + drafts.get(req_id, [])
+            assert n > 0 and computed + n <= len(tokens), (req_id, computed, n)
+            if req_id in drafts:
+                assert computed == len(state.tokens) - 1, "drafts for a request mid-prefill"
             for pos in range(computed, computed + n):
-                self.kv[self._slot(state, pos)] = (pos, state.tokens[pos])
+                self.kv[self._slot(state, pos)] = (pos, tokens[pos])
             state.num_computed = computed + n
         if so.total_num_scheduled_tokens == 0:
             return worker_pb2.ModelRunnerOutput()
-        self.parked = [(r, self.requests[r].num_computed == len(self.requests[r].tokens))
-                       for r, _, _ in work]
+        self.parked = [(r, self.requests[r].num_computed
+                        == len(self.requests[r].tokens) + len(drafts.get(r, [])),
+                        drafts.get(r, [])) for r, _, _ in work]
         return None
 
     def sample_tokens(self, grammar_output: worker_pb2.GrammarOutput | None
                       ) -> worker_pb2.ModelRunnerOutput:
         out = worker_pb2.ModelRunnerOutput()
         parked, self.parked = self.parked or [], None
-        for req_id, complete in parked:
+        for req_id, complete, drafts in parked:
             out.req_ids.append(req_id)
             entry = out.sampled_token_ids.add()
             if complete:  # rows still mid-prefill are discarded
                 state = self.requests[req_id]
-                seen = [self._read(state, pos) for pos in range(len(state.tokens))]
-                token = fake_next_token(seen, self.vocab_size)
-                state.tokens.append(token)
-                entry.ids.append(token)
+                num_tokens = len(state.tokens)
+                seen = [self._read(state, pos) for pos in range(num_tokens + len(drafts))]
+                for j in range(len(drafts) + 1):
+                    token = self.next_token(seen[:num_tokens + j], self.vocab_size)
+                    entry.ids.append(token)
+                    if j == len(drafts) or drafts[j] != token:
+                        break  # the bonus token, or the correction of a rejected draft
+                state.tokens.extend(entry.ids)
+                state.num_computed = len(state.tokens) - 1  # the last token's KV is not written
         return out
 
     def _slot(self, state: _State, pos: int) -> int:

@@ -1,12 +1,14 @@
 """A minimal scheduler for worker tests: builds real SchedulerOutput messages step after step.
 
 It hands out KV blocks from a free list, chunks prefills, and can pause, preempt and resume
-requests, so tests can drive the runner through every path of the persistent-batch diff.
+requests, so tests can drive the runner through every path of the persistent-batch diff. Given a
+`propose` callback it also sends draft tokens for decoding requests (speculative decoding).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from batchwire.v1 import worker_pb2 as pb
 
@@ -27,6 +29,7 @@ class DriverRequest:
     sent: bool = False  # the worker has seen it in full
     paused: bool = False  # held by the worker but not scheduled
     resumed: bool = False  # preempted: its next step replaces its block table
+    drafts: list[int] = dataclasses.field(default_factory=list)  # sent this step
 
     @property
     def num_tokens(self) -> int:
@@ -46,6 +49,10 @@ class StepDriver:
         self.active: dict[str, DriverRequest] = {}
         self.finished_since_last_step: list[str] = []
         self.results: dict[str, list[int]] = {}
+        # Draft tokens for a decoding request (capped so no step overshoots max_tokens).
+        self.propose: Callable[[DriverRequest], list[int]] | None = None
+        self.num_drafted = 0
+        self.num_accepted = 0
 
     def add(self, req_id: str, prompt: list[int], max_tokens: int, sampling=None) -> None:
         self.active[req_id] = DriverRequest(req_id, list(prompt), max_tokens, sampling or greedy())
@@ -62,7 +69,10 @@ class StepDriver:
         for req in self.active.values():
             if req.paused:
                 continue
-            n = min(self.chunk, req.num_tokens - req.computed)
+            req.drafts = []
+            if self.propose and req.sent and not req.resumed and req.computed == req.num_tokens - 1:
+                req.drafts = list(self.propose(req))[: req.max_tokens - len(req.output) - 1]
+            n = min(self.chunk, req.num_tokens - req.computed) + len(req.drafts)
             needed = -(-(req.computed + n) // self.block_size) - len(req.blocks)
             new_blocks = [self.free_blocks.pop(0) for _ in range(needed)]
             req.blocks += new_blocks
@@ -81,6 +91,8 @@ class StepDriver:
                 cached.new_block_ids.add().ids.extend(new_blocks)
                 cached.num_computed_tokens.append(req.computed)
                 cached.num_scheduled_tokens.append(n)
+                if req.drafts:
+                    so.scheduled_spec_decode_tokens.add(req_id=req.req_id, ids=req.drafts)
             so.total_num_scheduled_tokens += n
         return so
 
@@ -92,6 +104,10 @@ class StepDriver:
             self.active[req_id].computed += n
         for req_id, tokens in zip(out.req_ids, out.sampled_token_ids, strict=True):
             req = self.active[req_id]
+            if req.drafts:  # the rejected drafts' KV is not kept
+                req.computed -= len(req.drafts) + 1 - len(tokens.ids)
+                self.num_drafted += len(req.drafts)
+                self.num_accepted += len(tokens.ids) - 1
             req.output.extend(tokens.ids)
             if req.done:
                 self.results[req_id] = req.output

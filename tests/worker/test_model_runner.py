@@ -53,12 +53,13 @@ def test_walkthrough_pass_layout(llama_worker):
         new_req("r3", prompt(60), [9, 10, 11], 40, 3),
     ])  # fmt: skip
     runner._update_states(so)
-    logits_indices, discard, meta = runner._prepare_inputs(so)
+    logits_indices, discard, meta, spec = runner._prepare_inputs(so)
     assert runner.positions_np[:10].tolist() == [100, 101, 0, 1, 2, 3, 4, 40, 41, 42]
     assert meta.query_start_loc.tolist() == [0, 2, 7, 10]
     assert runner.query_start_loc_np[4:].tolist() == [10] * (len(runner.query_start_loc_np) - 4)
     assert logits_indices.tolist() == [1, 6, 9]
     assert discard.tolist() == [False, True, True]
+    assert spec is None  # no drafts
     # Slot of r1's position 100: block_table[0][100 // 16] * 16 + 100 % 16 = 7 * 16 + 4.
     assert meta.slot_mapping[:2].tolist() == [7 * 16 + 4, 7 * 16 + 5]
     assert meta.slot_mapping[7:10].tolist() == [11 * 16 + 8, 11 * 16 + 9, 11 * 16 + 10]

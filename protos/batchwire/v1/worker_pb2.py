@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x62\x61tchwire/v1/worker.proto\x12\x0c\x62\x61tchwire.v1\"\x98\x05\n\x15RequestSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x12\n\nmin_tokens\x18\t \x01(\x05\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x15\n\x08logprobs\x18\x0b \x01(\x05H\x02\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x0c \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\r \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x0e \x01(\tH\x00\x12.\n\x06\x63hoice\x18\x0f \x01(\x0b\x32\x1c.batchwire.v1.RequestChoicesH\x00\x12\x11\n\x07grammar\x18\x10 \x01(\tH\x00\x12\x46\n\nlogit_bias\x18\x14 \x03(\x0b\x32\x32.batchwire.v1.RequestSamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x15 \x03(\x05\x12)\n\tbad_words\x18\x16 \x03(\x0b\x32\x16.batchwire.v1.TokenIds\x12\x1c\n\x0fprompt_logprobs\x18\x17 \x01(\x05H\x03\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0c\n\nconstraintB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"!\n\x0eRequestChoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x87\x02\n\x0eNewRequestData\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.batchwire.v1.RequestSamplingParams\x12\x11\n\tblock_ids\x18\x04 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\x05\x12\x18\n\x10output_token_ids\x18\x07 \x03(\x05\x12,\n\x07pooling\x18\x08 \x01(\x0b\x32\x1b.batchwire.v1.PoolingParams\"]\n\rPoolingParams\x12\x16\n\tnormalize\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x17\n\ndimensions\x18\x02 \x01(\x05H\x01\x88\x01\x01\x42\x0c\n\n_normalizeB\r\n\x0b_dimensions\"\x17\n\x08\x42lockIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xa7\x01\n\x11\x43\x61\x63hedRequestData\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x17\n\x0fresumed_req_ids\x18\x02 \x03(\t\x12-\n\rnew_block_ids\x18\x03 \x03(\x0b\x32\x16.batchwire.v1.BlockIds\x12\x1b\n\x13num_computed_tokens\x18\x04 \x03(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x03(\x05\"\x90\x02\n\x0fSchedulerOutput\x12\x38\n\x12scheduled_new_reqs\x18\x01 \x03(\x0b\x32\x1c.batchwire.v1.NewRequestData\x12>\n\x15scheduled_cached_reqs\x18\x02 \x01(\x0b\x32\x1f.batchwire.v1.CachedRequestData\x12\"\n\x1atotal_num_scheduled_tokens\x18\x03 \x01(\x05\x12\x18\n\x10\x66inished_req_ids\x18\x04 \x03(\t\x12\x0f\n\x07step_id\x18\x05 \x01(\x04\x12\x34\n\x14\x63\x61\x63hed_new_token_ids\x18\x08 \x03(\x0b\x32\x16.batchwire.v1.TokenIds\"1\n\rGrammarOutput\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x0f\n\x07\x62itmask\x18\x02 \x01(\x0c\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"K\n\x08Logprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x1a\n\x12sampled_token_rank\x18\x03 \x01(\x05\"\x1d\n\x0b\x46loatVector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\xea\x01\n\x11ModelRunnerOutput\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x31\n\x11sampled_token_ids\x18\x02 \x03(\x0b\x32\x16.batchwire.v1.TokenIds\x12(\n\x08logprobs\x18\x03 \x03(\x0b\x32\x16.batchwire.v1.Logprobs\x12\x30\n\rpooler_output\x18\x06 \x03(\x0b\x32\x19.batchwire.v1.FloatVector\x12\x35\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x1c.batchwire.v1.PromptLogprobs\";\n\x0ePromptLogprobs\x12)\n\tpositions\x18\x01 \x03(\x0b\x32\x16.batchwire.v1.Logprobs\"W\n\x14\x45xecuteModelResponse\x12\x34\n\x06output\x18\x01 \x01(\x0b\x32\x1f.batchwire.v1.ModelRunnerOutputH\x00\x88\x01\x01\x42\t\n\x07_output\"\x10\n\x0eGetInfoRequest\"\x8e\x03\n\nWorkerInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x12\n\nnum_blocks\x18\x04 \x01(\x05\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x1c\n\x14tensor_parallel_size\x18\x08 \x01(\x05\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x14\n\x0cmax_num_reqs\x18\n \x01(\x05\x12\x15\n\reos_token_ids\x18\x0b \x03(\x05\x12\x1e\n\x16pipeline_parallel_size\x18\x0c \x01(\x05\x12\x0f\n\x07pp_rank\x18\r \x01(\x05\x12\x0f\n\x07tp_rank\x18\x0e \x01(\x05\x12\x13\n\x0boutput_rank\x18\x0f \x01(\x05\x12\x0c\n\x04task\x18\x10 \x01(\t\x12\x14\n\x0cpooling_type\x18\x11 \x01(\t\x12\x13\n\x0bhidden_size\x18\x12 \x01(\x05\x12\x11\n\tnormalize\x18\x13 \x01(\x08\"\x0e\n\x0cResetRequest\"\x0f\n\rResetResponse\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse2\xf9\x02\n\x06Worker\x12\x41\n\x07GetInfo\x12\x1c.batchwire.v1.GetInfoRequest\x1a\x18.batchwire.v1.WorkerInfo\x12Q\n\x0c\x45xecuteModel\x12\x1d.batchwire.v1.SchedulerOutput\x1a\".batchwire.v1.ExecuteModelResponse\x12L\n\x0cSampleTokens\x12\x1b.batchwire.v1.GrammarOutput\x1a\x1f.batchwire.v1.ModelRunnerOutput\x12@\n\x05Reset\x12\x1a.batchwire.v1.ResetRequest\x1a\x1b.batchwire.v1.ResetResponse\x12I\n\x08Shutdown\x12\x1d.batchwire.v1.ShutdownRequest\x1a\x1e.batchwire.v1.ShutdownResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x62\x61tchwire/v1/worker.proto\x12\x0c\x62\x61tchwire.v1\"\x98\x05\n\x15RequestSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\r\n\x05min_p\x18\x04 \x01(\x02\x12\x11\n\x04seed\x18\x05 \x01(\x04H\x01\x88\x01\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x02\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x02\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x02\x12\x12\n\nmin_tokens\x18\t \x01(\x05\x12\x16\n\x0estop_token_ids\x18\n \x03(\x05\x12\x15\n\x08logprobs\x18\x0b \x01(\x05H\x02\x88\x01\x01\x12\x15\n\x0bjson_schema\x18\x0c \x01(\tH\x00\x12\x15\n\x0bjson_object\x18\r \x01(\x08H\x00\x12\x0f\n\x05regex\x18\x0e \x01(\tH\x00\x12.\n\x06\x63hoice\x18\x0f \x01(\x0b\x32\x1c.batchwire.v1.RequestChoicesH\x00\x12\x11\n\x07grammar\x18\x10 \x01(\tH\x00\x12\x46\n\nlogit_bias\x18\x14 \x03(\x0b\x32\x32.batchwire.v1.RequestSamplingParams.LogitBiasEntry\x12\x19\n\x11\x61llowed_token_ids\x18\x15 \x03(\x05\x12)\n\tbad_words\x18\x16 \x03(\x0b\x32\x16.batchwire.v1.TokenIds\x12\x1c\n\x0fprompt_logprobs\x18\x17 \x01(\x05H\x03\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x02:\x02\x38\x01\x42\x0c\n\nconstraintB\x07\n\x05_seedB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobs\"!\n\x0eRequestChoices\x12\x0f\n\x07\x63hoices\x18\x01 \x03(\t\"\x87\x02\n\x0eNewRequestData\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x35\n\x08sampling\x18\x03 \x01(\x0b\x32#.batchwire.v1.RequestSamplingParams\x12\x11\n\tblock_ids\x18\x04 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x06 \x01(\x05\x12\x18\n\x10output_token_ids\x18\x07 \x03(\x05\x12,\n\x07pooling\x18\x08 \x01(\x0b\x32\x1b.batchwire.v1.PoolingParams\"]\n\rPoolingParams\x12\x16\n\tnormalize\x18\x01 \x01(\x08H\x00\x88\x01\x01\x12\x17\n\ndimensions\x18\x02 \x01(\x05H\x01\x88\x01\x01\x42\x0c\n\n_normalizeB\r\n\x0b_dimensions\"\x17\n\x08\x42lockIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xa7\x01\n\x11\x43\x61\x63hedRequestData\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x17\n\x0fresumed_req_ids\x18\x02 \x03(\t\x12-\n\rnew_block_ids\x18\x03 \x03(\x0b\x32\x16.batchwire.v1.BlockIds\x12\x1b\n\x13num_computed_tokens\x18\x04 \x03(\x05\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x03(\x05\"\xd6\x02\n\x0fSchedulerOutput\x12\x38\n\x12scheduled_new_reqs\x18\x01 \x03(\x0b\x32\x1c.batchwire.v1.NewRequestData\x12>\n\x15scheduled_cached_reqs\x18\x02 \x01(\x0b\x32\x1f.batchwire.v1.CachedRequestData\x12\"\n\x1atotal_num_scheduled_tokens\x18\x03 \x01(\x05\x12\x18\n\x10\x66inished_req_ids\x18\x04 \x03(\t\x12\x0f\n\x07step_id\x18\x05 \x01(\x04\x12\x34\n\x14\x63\x61\x63hed_new_token_ids\x18\x08 \x03(\x0b\x32\x16.batchwire.v1.TokenIds\x12\x44\n\x1cscheduled_spec_decode_tokens\x18\x06 \x03(\x0b\x32\x1e.batchwire.v1.SpecDecodeTokens\"/\n\x10SpecDecodeTokens\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x0b\n\x03ids\x18\x02 \x03(\x05\"1\n\rGrammarOutput\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x0f\n\x07\x62itmask\x18\x02 \x01(\x0c\"\x17\n\x08TokenIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"K\n\x08Logprobs\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\x12\x1a\n\x12sampled_token_rank\x18\x03 \x01(\x05\"\x1d\n\x0b\x46loatVector\x12\x0e\n\x06values\x18\x01 \x03(\x02\"\x9e\x02\n\x11ModelRunnerOutput\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x31\n\x11sampled_token_ids\x18\x02 \x03(\x0b\x32\x16.batchwire.v1.TokenIds\x12(\n\x08logprobs\x18\x03 \x03(\x0b\x32\x16.batchwire.v1.Logprobs\x12\x30\n\rpooler_output\x18\x06 \x03(\x0b\x32\x19.batchwire.v1.FloatVector\x12\x35\n\x0fprompt_logprobs\x18\n \x03(\x0b\x32\x1c.batchwire.v1.PromptLogprobs\x12\x32\n\x0etoken_logprobs\x18\x04 \x03(\x0b\x32\x1a.batchwire.v1.LogprobsList\";\n\x0ePromptLogprobs\x12)\n\tpositions\x18\x01 \x03(\x0b\x32\x16.batchwire.v1.Logprobs\"9\n\x0cLogprobsList\x12)\n\tpositions\x18\x01 \x03(\x0b\x32\x16.batchwire.v1.Logprobs\"W\n\x14\x45xecuteModelResponse\x12\x34\n\x06output\x18\x01 \x01(\x0b\x32\x1f.batchwire.v1.ModelRunnerOutputH\x00\x88\x01\x01\x42\t\n\x07_output\"\x10\n\x0eGetInfoRequest\"\x8e\x03\n\nWorkerInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x12\n\nnum_blocks\x18\x04 \x01(\x05\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\t\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x1c\n\x14tensor_parallel_size\x18\x08 \x01(\x05\x12\x0c\n\x04rank\x18\t \x01(\x05\x12\x14\n\x0cmax_num_reqs\x18\n \x01(\x05\x12\x15\n\reos_token_ids\x18\x0b \x03(\x05\x12\x1e\n\x16pipeline_parallel_size\x18\x0c \x01(\x05\x12\x0f\n\x07pp_rank\x18\r \x01(\x05\x12\x0f\n\x07tp_rank\x18\x0e \x01(\x05\x12\x13\n\x0boutput_rank\x18\x0f \x01(\x05\x12\x0c\n\x04task\x18\x10 \x01(\t\x12\x14\n\x0cpooling_type\x18\x11 \x01(\t\x12\x13\n\x0bhidden_size\x18\x12 \x01(\x05\x12\x11\n\tnormalize\x18\x13 \x01(\x08\"\x0e\n\x0cResetRequest\"\x0f\n\rResetResponse\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse2\xf9\x02\n\x06Worker\x12\x41\n\x07GetInfo\x12\x1c.batchwire.v1.GetInfoRequest\x1a\x18.batchwire.v1.WorkerInfo\x12Q\n\x0c\x45xecuteModel\x12\x1d.batchwire.v1.SchedulerOutput\x1a\".batchwire.v1.ExecuteModelResponse\x12L\n\x0cSampleTokens\x12\x1b.batchwire.v1.GrammarOutput\x1a\x1f.batchwire.v1.ModelRunnerOutput\x12@\n\x05Reset\x12\x1a.batchwire.v1.ResetRequest\x1a\x1b.batchwire.v1.ResetResponse\x12I\n\x08Shutdown\x12\x1d.batchwire.v1.ShutdownRequest\x1a\x1e.batchwire.v1.ShutdownResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,33 +48,37 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CACHEDREQUESTDATA']._serialized_start=1132
   _globals['_CACHEDREQUESTDATA']._serialized_end=1299
   _globals['_SCHEDULEROUTPUT']._serialized_start=1302
-  _globals['_SCHEDULEROUTPUT']._serialized_end=1574
-  _globals['_GRAMMAROUTPUT']._serialized_start=1576
-  _globals['_GRAMMAROUTPUT']._serialized_end=1625
-  _globals['_TOKENIDS']._serialized_start=1627
-  _globals['_TOKENIDS']._serialized_end=1650
-  _globals['_LOGPROBS']._serialized_start=1652
-  _globals['_LOGPROBS']._serialized_end=1727
-  _globals['_FLOATVECTOR']._serialized_start=1729
-  _globals['_FLOATVECTOR']._serialized_end=1758
-  _globals['_MODELRUNNEROUTPUT']._serialized_start=1761
-  _globals['_MODELRUNNEROUTPUT']._serialized_end=1995
-  _globals['_PROMPTLOGPROBS']._serialized_start=1997
-  _globals['_PROMPTLOGPROBS']._serialized_end=2056
-  _globals['_EXECUTEMODELRESPONSE']._serialized_start=2058
-  _globals['_EXECUTEMODELRESPONSE']._serialized_end=2145
-  _globals['_GETINFOREQUEST']._serialized_start=2147
-  _globals['_GETINFOREQUEST']._serialized_end=2163
-  _globals['_WORKERINFO']._serialized_start=2166
-  _globals['_WORKERINFO']._serialized_end=2564
-  _globals['_RESETREQUEST']._serialized_start=2566
-  _globals['_RESETREQUEST']._serialized_end=2580
-  _globals['_RESETRESPONSE']._serialized_start=2582
-  _globals['_RESETRESPONSE']._serialized_end=2597
-  _globals['_SHUTDOWNREQUEST']._serialized_start=2599
-  _globals['_SHUTDOWNREQUEST']._serialized_end=2616
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=2618
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=2636
-  _globals['_WORKER']._serialized_start=2639
-  _globals['_WORKER']._serialized_end=3016
+  _globals['_SCHEDULEROUTPUT']._serialized_end=1644
+  _globals['_SPECDECODETOKENS']._serialized_start=1646
+  _globals['_SPECDECODETOKENS']._serialized_end=1693
+  _globals['_GRAMMAROUTPUT']._serialized_start=1695
+  _globals['_GRAMMAROUTPUT']._serialized_end=1744
+  _globals['_TOKENIDS']._serialized_start=1746
+  _globals['_TOKENIDS']._serialized_end=1769
+  _globals['_LOGPROBS']._serialized_start=1771
+  _globals['_LOGPROBS']._serialized_end=1846
+  _globals['_FLOATVECTOR']._serialized_start=1848
+  _globals['_FLOATVECTOR']._serialized_end=1877
+  _globals['_MODELRUNNEROUTPUT']._serialized_start=1880
+  _globals['_MODELRUNNEROUTPUT']._serialized_end=2166
+  _globals['_PROMPTLOGPROBS']._serialized_start=2168
+  _globals['_PROMPTLOGPROBS']._serialized_end=2227
+  _globals['_LOGPROBSLIST']._serialized_start=2229
+  _globals['_LOGPROBSLIST']._serialized_end=2286
+  _globals['_EXECUTEMODELRESPONSE']._serialized_start=2288
+  _globals['_EXECUTEMODELRESPONSE']._serialized_end=2375
+  _globals['_GETINFOREQUEST']._serialized_start=2377
+  _globals['_GETINFOREQUEST']._serialized_end=2393
+  _globals['_WORKERINFO']._serialized_start=2396
+  _globals['_WORKERINFO']._serialized_end=2794
+  _globals['_RESETREQUEST']._serialized_start=2796
+  _globals['_RESETREQUEST']._serialized_end=2810
+  _globals['_RESETRESPONSE']._serialized_start=2812
+  _globals['_RESETRESPONSE']._serialized_end=2827
+  _globals['_SHUTDOWNREQUEST']._serialized_start=2829
+  _globals['_SHUTDOWNREQUEST']._serialized_end=2846
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=2848
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=2866
+  _globals['_WORKER']._serialized_start=2869
+  _globals['_WORKER']._serialized_end=3246
 # @@protoc_insertion_point(module_scope)

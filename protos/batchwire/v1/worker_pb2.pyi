@@ -112,20 +112,30 @@ class CachedRequestData(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., resumed_req_ids: _Optional[_Iterable[str]] = ..., new_block_ids: _Optional[_Iterable[_Union[BlockIds, _Mapping]]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SchedulerOutput(_message.Message):
-    __slots__ = ("scheduled_new_reqs", "scheduled_cached_reqs", "total_num_scheduled_tokens", "finished_req_ids", "step_id", "cached_new_token_ids")
+    __slots__ = ("scheduled_new_reqs", "scheduled_cached_reqs", "total_num_scheduled_tokens", "finished_req_ids", "step_id", "cached_new_token_ids", "scheduled_spec_decode_tokens")
     SCHEDULED_NEW_REQS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_CACHED_REQS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     CACHED_NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SCHEDULED_SPEC_DECODE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     scheduled_new_reqs: _containers.RepeatedCompositeFieldContainer[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
     total_num_scheduled_tokens: int
     finished_req_ids: _containers.RepeatedScalarFieldContainer[str]
     step_id: int
     cached_new_token_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
-    def __init__(self, scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ..., cached_new_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ...) -> None: ...
+    scheduled_spec_decode_tokens: _containers.RepeatedCompositeFieldContainer[SpecDecodeTokens]
+    def __init__(self, scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., step_id: _Optional[int] = ..., cached_new_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., scheduled_spec_decode_tokens: _Optional[_Iterable[_Union[SpecDecodeTokens, _Mapping]]] = ...) -> None: ...
+
+class SpecDecodeTokens(_message.Message):
+    __slots__ = ("req_id", "ids")
+    REQ_ID_FIELD_NUMBER: _ClassVar[int]
+    IDS_FIELD_NUMBER: _ClassVar[int]
+    req_id: str
+    ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, req_id: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GrammarOutput(_message.Message):
     __slots__ = ("req_ids", "bitmask")
@@ -158,20 +168,28 @@ class FloatVector(_message.Message):
     def __init__(self, values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ModelRunnerOutput(_message.Message):
-    __slots__ = ("req_ids", "sampled_token_ids", "logprobs", "pooler_output", "prompt_logprobs")
+    __slots__ = ("req_ids", "sampled_token_ids", "logprobs", "pooler_output", "prompt_logprobs", "token_logprobs")
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     POOLER_OUTPUT_FIELD_NUMBER: _ClassVar[int]
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     req_ids: _containers.RepeatedScalarFieldContainer[str]
     sampled_token_ids: _containers.RepeatedCompositeFieldContainer[TokenIds]
     logprobs: _containers.RepeatedCompositeFieldContainer[Logprobs]
     pooler_output: _containers.RepeatedCompositeFieldContainer[FloatVector]
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PromptLogprobs]
-    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., sampled_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[Logprobs, _Mapping]]] = ..., pooler_output: _Optional[_Iterable[_Union[FloatVector, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ...) -> None: ...
+    token_logprobs: _containers.RepeatedCompositeFieldContainer[LogprobsList]
+    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., sampled_token_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., logprobs: _Optional[_Iterable[_Union[Logprobs, _Mapping]]] = ..., pooler_output: _Optional[_Iterable[_Union[FloatVector, _Mapping]]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ..., token_logprobs: _Optional[_Iterable[_Union[LogprobsList, _Mapping]]] = ...) -> None: ...
 
 class PromptLogprobs(_message.Message):
+    __slots__ = ("positions",)
+    POSITIONS_FIELD_NUMBER: _ClassVar[int]
+    positions: _containers.RepeatedCompositeFieldContainer[Logprobs]
+    def __init__(self, positions: _Optional[_Iterable[_Union[Logprobs, _Mapping]]] = ...) -> None: ...
+
+class LogprobsList(_message.Message):
     __slots__ = ("positions",)
     POSITIONS_FIELD_NUMBER: _ClassVar[int]
     positions: _containers.RepeatedCompositeFieldContainer[Logprobs]
