@@ -192,7 +192,7 @@ def scheduler_step_cost(k: int, sizes: list[int], seq_len: int, steps: int
                 for _ in range(n):
                     ids = rng.integers(100, 49_000, size=seq_len if kind == "random" else 64)
                     s.add_request(np.resize(ids, seq_len).tolist(),
-                                  SamplingParams(temperature=0, max_tokens=10_000))
+                                  SamplingParams(temperature=0, max_tokens=seq_len))
                 # The next token continues a repeating sequence (its 4-grams always match) or
                 # is random (hardly any 2-gram does).
                 cycle = kind == "repeating"
