@@ -107,7 +107,9 @@ class Cluster:
     def start_worker(self, name: str) -> dict:
         ready = self.tmp / f"{name}.ready.json"
         command, env = launch_spec(self.docs, self.workers, name, self.tmp, {
-            "BATCHWIRE_PORT": "0", "BATCHWIRE_ZMQ_PORT": "0", "BATCHWIRE_READY_FILE": str(ready),
+            # Pods share this host here, not a network namespace each: every port is a free one.
+            "BATCHWIRE_PORT": "0", "BATCHWIRE_ZMQ_PORT": "0", "BATCHWIRE_METRICS_PORT": "0",
+            "BATCHWIRE_READY_FILE": str(ready),
         })
         process = Process(command, ready, self.tmp / f"{name}.log", env)
         self.processes[name] = process
