@@ -11,7 +11,7 @@ from worker_svc.models.packed_linear import PackedLinear, pack_linears, packing_
 pytestmark = pytest.mark.skipif(
     not packing_available(torch.bfloat16, "cpu"),
     reason="oneDNN's packed bf16 linear needs AVX-512 (BW/VL/DQ) or AVX-NE-CONVERT, which this "
-           "CPU lacks; test_a_bfloat16_worker_loads_on_any_cpu covers the plain path",
+           "CPU lacks; test_a_bfloat16_worker_loads_and_steps_on_any_cpu covers the plain path",
 )
 
 
