@@ -85,7 +85,6 @@ class GrpcExecutor(RemoteExecutor):
             name: [c.unary_unary(f"/{SERVICE}/{name}") for c in self.channels]
             for name in ("GetInfo", "ExecuteModel", "SampleTokens", "Reset", "Shutdown")
         }
-        self.timeout = timeout
 
     def _wait_serving(self, deadline: float) -> None:
         """Workers listed in the configuration may still be loading their model."""
@@ -99,10 +98,10 @@ class GrpcExecutor(RemoteExecutor):
         if blocking and len(callables) == 1:
             # A plain blocking call skips the future's bookkeeping: ~10% of a step's transport.
             try:
-                return DoneCall([callables[0](payload, timeout=self.timeout)])
+                return DoneCall([callables[0](payload, timeout=self.rpc_timeout_s)])
             except grpc.RpcError as e:
                 return DoneCall([WorkerError(e.code(), e.details() or "", 0, self.addresses[0])])
-        futures = [m.future(payload, timeout=self.timeout) for m in callables]
+        futures = [m.future(payload, timeout=self.rpc_timeout_s) for m in callables]
         return GrpcCall(futures, self.addresses, self)
 
     def _probe(self) -> str | None:

@@ -59,6 +59,9 @@ WIRE_METHODS = {
 Outcome = bytes | WorkerError
 
 
+SHUTDOWN_REPLY_S = 10.0  # the longest shutdown() waits for the workers to answer Shutdown
+
+
 class Call(abc.ABC):
     """One call in flight to every rank of the group."""
 
@@ -121,6 +124,8 @@ class RemoteExecutor(Executor):
         if not self.addresses or not all(a.rpartition(":")[2].isdigit() for a in self.addresses):
             raise ValueError(f"worker addresses must be host:port, got {self.addresses}")
         self._failure: WorkerUnavailableError | None = None
+        # The longest any one call may wait for its replies; shutdown() shortens it.
+        self.rpc_timeout_s = config.worker_rpc_timeout_s
         self._pending: deque[tuple[Call, ReplyFuture, WireMethod, int | None]] = deque()
         self._pending_lock = threading.Lock()  # the watcher cancels what the caller appends
         self._closed = threading.Event()
@@ -188,6 +193,9 @@ class RemoteExecutor(Executor):
         group, self.group = self.group, None
         asked = False
         if group is not None and self._failure is None:
+            # The watcher has stopped, so nothing would notice a worker that exits without
+            # answering: the reply is waited for no longer than the group's grace period.
+            self.rpc_timeout_s = min(self.rpc_timeout_s, SHUTDOWN_REPLY_S)
             try:
                 self.collective_rpc("shutdown")
                 asked = True

@@ -25,7 +25,7 @@ _OK = 0
 class ZmqCall(Call):
     def __init__(self, executor: ZmqExecutor) -> None:
         self.executor = executor
-        self.deadline = time.monotonic() + executor.config.worker_rpc_timeout_s
+        self.deadline = time.monotonic() + executor.rpc_timeout_s
 
     def wait(self) -> list[Outcome]:
         ex = self.executor
@@ -40,9 +40,8 @@ class ZmqCall(Call):
                 except zmq.Again:
                     ex.check_alive()
                     if time.monotonic() > self.deadline:
-                        timeout = ex.config.worker_rpc_timeout_s
                         raise WorkerUnavailableError(
-                            f"no reply within worker_rpc_timeout_s={timeout}", rank,
+                            f"no reply within {ex.rpc_timeout_s:g} s", rank,
                             ex.addresses[rank]) from None
             outcomes.append(self._read(rank, frames))
         return outcomes

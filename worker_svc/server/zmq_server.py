@@ -24,6 +24,9 @@ logger = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 256 << 20
 _POLL_MS = 100  # how often the loop looks at the stop flag
+# A Shutdown call's reply is queued just before the loop sees the stop flag; closing with no
+# linger would drop it and leave the caller waiting for an answer that never comes.
+_REPLY_LINGER_MS = 1000
 
 
 def status_frame(code: grpc.StatusCode) -> bytes:
@@ -72,7 +75,7 @@ class ZmqWorkerServer:
                     continue  # a look at the stop flag
                 sock.send_multipart([frames[0], *self._answer(frames[1:])])
         finally:
-            sock.close(linger=0)
+            sock.close(linger=_REPLY_LINGER_MS)
 
     def _answer(self, frames: list[bytes]) -> list[bytes]:
         if len(frames) != 2:
