@@ -33,6 +33,17 @@ BAD = [
     ("regex matches nothing", S(regex=r"ab[^\d\D]"), "sampling.regex", "cannot match any text"),
     ("min_tokens with a constraint", S(regex="a+", min_tokens=2), "sampling.min_tokens",
      "cannot be combined"),
+    # Once an INTERNAL error (RecursionError in the JSON parser), now refused before parsing.
+    ("schema nested 5000 deep", S(json_schema='{"items": ' * 5000 + "{}" + "}" * 5000),
+     "sampling.json_schema", "the limit is 64"),
+    ("100000 brackets", S(json_schema="[" * 100_000), "sampling.json_schema", "the limit is 64"),
+    ("schema nothing satisfies", S(json_schema='{"not": {}}'), "sampling.json_schema",
+     "admits no value"),
+    ("allOf of string and integer",
+     S(json_schema='{"allOf": [{"type": "string"}, {"type": "integer"}]}'),
+     "sampling.json_schema", "admits no value"),
+    ("grammar nested 2000 deep", S(grammar="root ::= " + "(" * 2000 + '"a"' + ")" * 2000),
+     "sampling.grammar", "the limit is 64"),
 ]
 
 

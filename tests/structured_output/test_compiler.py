@@ -4,6 +4,7 @@ and the refusals (each naming its field)."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from scheduler_svc import InvalidRequestError, SamplingParams
 from scheduler_svc.core.structured_output import Constraint, GrammarCompiler, RequestGrammar
 from scheduler_svc.core.structured_output.compiler import choice_grammar, unpack_row
+from scheduler_svc.core.structured_output.constraint import constraint_from_fields
 
 from .conftest import COLOURS, DATE_REGEX, PERSON_SCHEMA
 
@@ -77,6 +79,18 @@ def test_bad_shapes_are_refused_naming_the_field():
      "cannot match any text"),
     # Byte 0x04 has no token in this vocabulary: the model cannot write it.
     (Constraint("grammar", 'root ::= "ab" "\\x04"'), "cannot match any text"),
+
+    # JSON schemas that no value satisfies, though xgrammar compiles them.
+    (Constraint("json_schema", '{"not": {}}'), "`not` excludes every value"),
+    (Constraint("json_schema", '{"allOf": [{"type": "string"}, {"type": "integer"}]}'),
+     "no type is left"),
+    (Constraint("json_schema", '{"type": "string", "enum": [1, 2]}'), "none of the values"),
+    (Constraint("json_schema", '{"anyOf": [{"not": true}, {"type": []}]}'),
+     "every branch of anyOf"),
+    (Constraint("json_schema", '{"type": "object", "properties": {"a": {"not": {}}}, '
+                               '"required": ["a"]}'), "required property 'a'"),
+    (Constraint("json_schema", '{"type": "object", "required": ["b"], '
+                               '"additionalProperties": false}'), "additionalProperties"),
 ])
 def test_bad_constraints_are_refused_naming_their_kind(compiler, constraint, expected):
     with pytest.raises(InvalidRequestError) as e:
@@ -124,3 +138,44 @@ def test_a_dead_end_at_run_time_allows_only_eos(default_tokenizer):
     for _ in range(300):
         assert not grammar.accept(default_tokenizer("a").input_ids[0])
     assert allowed_texts(default_tokenizer, grammar) == {"<|im_end|>"}
+
+
+def nested_schema(depth: int) -> str:
+    return '{"type": "array", "items": ' * depth + '{"type": "integer"}' + "}" * depth
+
+
+@pytest.mark.parametrize(("fields", "kind", "expected"), [
+    # Deep nesting overflowed the JSON parser (RecursionError, an INTERNAL error on the wire)
+    # or took xgrammar tens of seconds; each is refused before any parser runs.
+    ({"json_schema": nested_schema(500)}, "json_schema", "nests 501 levels deep; the limit is 64"),
+    ({"json_schema": "[" * 100_000}, "json_schema", "nests 100000 levels deep"),
+    ({"json_schema": '{"anyOf": [' * 2000 + "{}" + "]}" * 2000}, "json_schema", "nests 4001"),
+    ({"json_schema": json.dumps({"enum": ["x" * 200_000]})}, "json_schema",
+     "characters long; the limit is 131072"),
+    ({"regex": "(" * 100 + "a" + ")" * 100}, "regex", "nests 100 levels deep"),
+    ({"grammar": "root ::= " + "(" * 500 + '"a"' + ")" * 500}, "grammar", "nests 500 levels"),
+])
+def test_constraints_past_the_size_and_depth_limits_are_refused_at_once(fields, kind, expected):
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidRequestError) as e:
+        constraint_from_fields(**fields)
+    assert time.perf_counter() - t0 < 0.5
+    assert e.value.field == kind and expected in e.value.message, e.value.message
+
+
+def test_a_deep_schema_given_as_a_dict_is_refused():
+    schema: dict = {}
+    inner = schema
+    for _ in range(3000):
+        inner["items"] = {}
+        inner = inner["items"]
+    with pytest.raises(InvalidRequestError, match="nests too deep"):
+        constraint_from_fields(json_schema=schema)
+
+
+def test_brackets_inside_strings_and_classes_do_not_count_as_nesting(compiler):
+    # 70 literal brackets each: in a JSON string, escaped in a regex, in a character class.
+    compiler.compile(constraint_from_fields(json_schema={"enum": ["[" * 70]}))
+    compiler.compile(constraint_from_fields(regex=r"\(" * 70 + "a"))
+    compiler.compile(constraint_from_fields(regex="[([{]" * 70))
+    compiler.compile(constraint_from_fields(json_schema=nested_schema(60)))  # within the limit

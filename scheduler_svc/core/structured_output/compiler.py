@@ -19,6 +19,7 @@ import numpy as np
 
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.core.structured_output.constraint import Constraint
+from scheduler_svc.core.structured_output.schema_check import why_unsatisfiable
 
 if TYPE_CHECKING:
     import xgrammar as xgr
@@ -81,6 +82,10 @@ class GrammarCompiler:
             raise InvalidRequestError(kind, f"does not compile: {message}") from None
         if kind in ("regex", "grammar") and self._can_match(compiled) is False:
             raise InvalidRequestError(kind, f"{text[:80]!r} cannot match any text")
+        if kind == "json_schema":
+            reason = why_unsatisfiable(json.loads(text))  # the text parsed on admission
+            if reason is not None:
+                raise InvalidRequestError(kind, f"admits no value: {reason}")
         return compiled
 
     def _can_match(self, compiled: xgr.CompiledGrammar) -> bool | None:
