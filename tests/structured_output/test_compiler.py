@@ -8,11 +8,14 @@ import time
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from scheduler_svc import InvalidRequestError, SamplingParams
 from scheduler_svc.core.structured_output import Constraint, GrammarCompiler, RequestGrammar
 from scheduler_svc.core.structured_output.compiler import choice_grammar, unpack_row
 from scheduler_svc.core.structured_output.constraint import constraint_from_fields
+from scheduler_svc.core.structured_output.schema_check import why_unsatisfiable
 
 from .conftest import COLOURS, DATE_REGEX, PERSON_SCHEMA
 
@@ -179,3 +182,19 @@ def test_brackets_inside_strings_and_classes_do_not_count_as_nesting(compiler):
     compiler.compile(constraint_from_fields(regex=r"\(" * 70 + "a"))
     compiler.compile(constraint_from_fields(regex="[([{]" * 70))
     compiler.compile(constraint_from_fields(json_schema=nested_schema(60)))  # within the limit
+
+
+_KEYS = st.sampled_from(["type", "not", "allOf", "anyOf", "oneOf", "enum", "const", "required",
+                         "properties", "items", "minItems", "additionalProperties", "$ref"])
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False)
+                     | st.text(max_size=5),
+                     lambda inner: st.lists(inner, max_size=3)
+                     | st.dictionaries(_KEYS, inner, max_size=4), max_leaves=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON)
+def test_the_satisfiability_check_never_raises_on_any_json(schema):
+    # It runs on every schema xgrammar compiled, whatever odd shapes its keywords have.
+    reason = why_unsatisfiable(schema)
+    assert reason is None or isinstance(reason, str)

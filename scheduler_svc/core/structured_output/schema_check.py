@@ -40,13 +40,13 @@ def why_unsatisfiable(schema: Any) -> str | None:
         if isinstance(schema.get(low), int | float) and isinstance(schema.get(high), int | float):
             if schema[low] > schema[high]:
                 return f"{low} {schema[low]} is greater than {high} {schema[high]}"
-    for i, member in enumerate(schema.get("allOf") or []):
+    for i, member in enumerate(_list(schema, "allOf")):
         reason = why_unsatisfiable(member)
         if reason is not None:
             return f"allOf[{i}]: {reason}"
     for key in ("anyOf", "oneOf"):
-        branches = schema.get(key)
-        if isinstance(branches, list) and branches:
+        branches = _list(schema, key)
+        if branches:
             reasons = [why_unsatisfiable(b) for b in branches]
             if all(r is not None for r in reasons):
                 return f"every branch of {key} admits no value ({key}[0]: {reasons[0]})"
@@ -58,9 +58,13 @@ def why_unsatisfiable(schema: Any) -> str | None:
 
 
 def _object_reason(schema: dict) -> str | None:
-    properties = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+    properties = schema.get("properties")
+    if not isinstance(properties, dict):
+        properties = {}
     closed = schema.get("additionalProperties") is False
-    for name in schema.get("required") or []:
+    for name in _list(schema, "required"):
+        if not isinstance(name, str):
+            continue
         if name in properties:
             reason = why_unsatisfiable(properties[name])
             if reason is not None:
@@ -82,15 +86,23 @@ def _array_reason(schema: dict) -> str | None:
 def _types(schema: dict) -> set[str] | None:
     """The types a value may have, met over `type` and allOf's members; None when unbounded."""
     allowed: set[str] | None = None
-    for member in [schema, *(m for m in schema.get("allOf") or [] if isinstance(m, dict))]:
+    for member in [schema, *(m for m in _list(schema, "allOf") if isinstance(m, dict))]:
         declared = member.get("type")
         if declared is None:
             continue
-        own = {declared} if isinstance(declared, str) else set(declared or ())
+        names = [declared] if isinstance(declared, str) else declared
+        if not isinstance(names, list) or not all(isinstance(t, str) for t in names):
+            return None  # a malformed `type`: the compiler says what is wrong with it
+        own = set(names)
         if not own <= TYPES:
             return None  # an unknown type name: the compiler says what is wrong with it
         allowed = own if allowed is None else _meet(allowed, own)
     return allowed
+
+
+def _list(schema: dict, key: str) -> list:
+    value = schema.get(key)
+    return value if isinstance(value, list) else []
 
 
 def _meet(a: set[str], b: set[str]) -> set[str]:
@@ -121,7 +133,9 @@ def _type_of(value: Any) -> str:
         return "integer"
     if isinstance(value, float):
         return "integer" if value.is_integer() else "number"
-    return {str: "string", list: "array", dict: "object"}.get(type(value), "object")
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
 
 
 def _admits_everything(schema: Any) -> bool:
