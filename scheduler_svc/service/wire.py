@@ -12,6 +12,7 @@ from typing import Any
 
 from batchwire.v1 import generate_pb2
 
+from scheduler_svc.core.chat_template import chat_prompt_ids
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.sampling_params import SamplingParams
@@ -136,20 +137,10 @@ def admission_error(error: InvalidRequestError, prompt: str) -> InvalidRequestEr
 
 
 def chat_token_ids(tokenizer: Any, messages: Any) -> list[int]:
-    if not getattr(tokenizer, "chat_template", None):
-        raise InvalidRequestError("messages", "the model has no chat template: send text or "
-                                              "token_ids")
     for i, m in enumerate(messages):
         if not m.role:
             raise InvalidRequestError(f"messages[{i}].role", "must not be empty")
-    conversation = [{"role": m.role, "content": m.content} for m in messages]
-    try:
-        text = tokenizer.apply_chat_template(conversation, tokenize=False,
-                                             add_generation_prompt=True)
-    except Exception as e:  # the template's own checks (e.g. roles that must alternate)
-        raise InvalidRequestError("messages", f"the chat template refused them: {e}") from None
-    # The rendered template already holds the special tokens it wants.
-    return list(tokenizer(text, add_special_tokens=False).input_ids)
+    return chat_prompt_ids(tokenizer, [{"role": m.role, "content": m.content} for m in messages])
 
 
 def compile_constraint(params: SamplingParams, tokenizer: Any, vocab_size: int) -> None:
