@@ -44,6 +44,7 @@ from scheduler_svc.service.generation_servicer import (
 from scheduler_svc.service.metrics import SchedulerMetrics, serve_metrics
 from scheduler_svc.service.registry import SERVICE_NAME as REGISTRY_SERVICE_NAME
 from scheduler_svc.service.registry import WorkerRegistryServicer, add_registry_to_server
+from scheduler_svc.service.request_parsing import ParseInHandler
 from scheduler_svc.service.security import ServerTls, add_port, interceptors, start_health_server
 
 logger = logging.getLogger(__name__)
@@ -214,8 +215,9 @@ class SchedulerServer:
         self.health = HealthServicer()
         # Workers started on their own join here; answered UNAVAILABLE until the engine loads.
         self.registry = WorkerRegistryServicer(None, config.scheduler)
-        self.server = grpc.aio.server(options=config.grpc_options(),
-                                      interceptors=interceptors(config.api_key_file))
+        self.server = grpc.aio.server(
+            options=config.grpc_options(),
+            interceptors=[*interceptors(config.api_key_file), ParseInHandler()])
         generate_pb2_grpc.add_GenerationServicer_to_server(self.servicer, self.server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         add_registry_to_server(self.registry, self.server)
