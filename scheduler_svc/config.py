@@ -12,6 +12,15 @@ SPECULATIVE_METHODS = (None, "ngram")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class RequestLimits:
+    """The server's caps on one request's options (SchedulerConfig has their meanings)."""
+    max_logprobs: int = 20
+    max_stop_strings: int = 64
+    max_stop_chars: int = 4096
+    max_token_ids: int = 2048
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class SchedulerConfig:
     # The model and the in-process worker (`uni`); remote workers bring their own settings.
     model: str | None = None  # checkpoint dir or .gguf file; None = the embedded SmolLM2
@@ -51,6 +60,11 @@ class SchedulerConfig:
     max_queued_requests: int = 10_000  # waiting requests beyond this are refused at admission
     max_logprobs: int = 20  # the most top-n logprobs a request may ask for
     max_n: int = 16  # the most sequences one client request may sample (n)
+    # Caps on a request's lists, so that one request cannot slow every step for the others
+    # (20,000 stop strings on four requests once slowed a neighbouring stream by half).
+    max_stop_strings: int = 64  # entries of `stop`, and of `bad_words`
+    max_stop_chars: int = 4096  # characters of all `stop` strings, and of all `bad_words`
+    max_token_ids: int = 2048  # entries of stop_token_ids, logit_bias and allowed_token_ids
 
     # Speculative decoding (core/spec_decode.py): None = off; "ngram" = prompt-lookup drafts.
     speculative_method: str | None = None
@@ -83,6 +97,9 @@ class SchedulerConfig:
         if self.worker_tls is not None and self.executor_backend in ("zmq", "auto"):
             raise ValueError("worker TLS needs the grpc transport: ZMQ links are not encrypted "
                              f"(executor_backend is {self.executor_backend!r})")
+        for name in ("max_stop_strings", "max_stop_chars", "max_token_ids"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.max_logprobs < 0:
             raise ValueError(f"max_logprobs must be >= 0, got {self.max_logprobs}")
         if self.policy not in POLICIES:
@@ -105,6 +122,11 @@ class SchedulerConfig:
             raise ValueError(f"without chunked prefill max_num_batched_tokens "
                              f"({self.max_num_batched_tokens}) must be at least max_model_len "
                              f"({self.max_model_len})")
+
+    @property
+    def request_limits(self) -> RequestLimits:
+        return RequestLimits(self.max_logprobs, self.max_stop_strings, self.max_stop_chars,
+                             self.max_token_ids)
 
     @property
     def world_size(self) -> int:

@@ -82,6 +82,12 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
             "most top-n logprobs a request may ask for", type=int)
     _option(g, "--max-n", _DEFAULTS["max_n"], "most sequences one request may sample (n)",
             type=int)
+    _option(g, "--max-stop-strings", _DEFAULTS["max_stop_strings"], "most stop strings (and "
+            "bad words) one request may send", type=int)
+    _option(g, "--max-stop-chars", _DEFAULTS["max_stop_chars"], "most characters in all of a "
+            "request's stop strings (and in all its bad words)", type=int)
+    _option(g, "--max-token-ids", _DEFAULTS["max_token_ids"], "most entries in a request's "
+            "stop_token_ids, logit_bias and allowed_token_ids, each", type=int)
     _option(g, "--long-prefill-token-threshold", _DEFAULTS["long_prefill_token_threshold"],
             "cut prefills into chunks of at most this many tokens (0 = the step's budget)",
             type=int)
@@ -180,7 +186,8 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         block_size=args.block_size, max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_queued_requests=args.max_queued_requests, max_logprobs=args.max_logprobs,
-        max_n=args.max_n,
+        max_n=args.max_n, max_stop_strings=args.max_stop_strings,
+        max_stop_chars=args.max_stop_chars, max_token_ids=args.max_token_ids,
         long_prefill_token_threshold=args.long_prefill_token_threshold, policy=args.policy,
         seed=args.seed, enable_prefix_caching=not args.no_prefix_caching,
         enable_chunked_prefill=not args.no_chunked_prefill, task=args.task,

@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from batchwire.v1 import worker_pb2
 
+from scheduler_svc.config import RequestLimits
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.core.structured_output.constraint import Constraint, constraint_from_fields
 
@@ -145,14 +146,29 @@ class SamplingParams:
             if not isinstance(w, str) or not w:
                 _refuse("bad_words", w, "bad words must be non-empty strings")
 
-    def validate_for(self, vocab_size: int, max_logprobs: int) -> None:
+    def validate_for(self, vocab_size: int, limits: RequestLimits) -> None:
         """The checks that need the model and the server's limits."""
+        max_logprobs = limits.max_logprobs
         if self.logprobs is not None and self.logprobs > max_logprobs:
             _refuse("logprobs", self.logprobs, f"must be <= the configured max_logprobs "
                     f"({max_logprobs})")
         if self.prompt_logprobs is not None and self.prompt_logprobs > max_logprobs:
             _refuse("prompt_logprobs", self.prompt_logprobs, f"must be <= the configured "
                     f"max_logprobs ({max_logprobs})")
+        for name in ("stop", "bad_words"):
+            strings = getattr(self, name)
+            if len(strings) > limits.max_stop_strings:
+                raise InvalidRequestError(name, f"{len(strings)} strings; the limit is "
+                                                f"max_stop_strings={limits.max_stop_strings}")
+            chars = sum(map(len, strings))
+            if chars > limits.max_stop_chars:
+                raise InvalidRequestError(name, f"{chars} characters in all; the limit is "
+                                                f"max_stop_chars={limits.max_stop_chars}")
+        for name in ("stop_token_ids", "logit_bias", "allowed_token_ids"):
+            count = len(getattr(self, name) or ())
+            if count > limits.max_token_ids:
+                raise InvalidRequestError(name, f"{count} entries; the limit is "
+                                                f"max_token_ids={limits.max_token_ids}")
         for t in self.stop_token_ids:
             if not 0 <= t < vocab_size:
                 _refuse("stop_token_ids", t, f"is outside the vocabulary [0, {vocab_size})")

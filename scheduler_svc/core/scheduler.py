@@ -71,6 +71,7 @@ class Scheduler:
         send_new_tokens: bool = False,
     ) -> None:
         self.config = config
+        self.limits = config.request_limits  # read on every add_request
         self.task = task  # "generate" or "embed": the workers serve one
         self.hidden_size = hidden_size  # the longest embedding a request may ask for
         # Pipeline stages before the last sample nothing: each step tells them the tokens sampled.
@@ -126,7 +127,7 @@ class Scheduler:
         prompt_token_ids = truncate_prompt(prompt_token_ids, sampling_params, self.max_model_len)
         validate_prompt([*prompt_token_ids, *output_token_ids] if output_token_ids
                         else prompt_token_ids, self.vocab_size, self.max_model_len)
-        sampling_params.validate_for(self.vocab_size, self.config.max_logprobs)
+        sampling_params.validate_for(self.vocab_size, self.limits)
         if pooling is None:  # an embedding request generates nothing: only its input must fit
             validate_length(len(prompt_token_ids), sampling_params.max_tokens, self.max_model_len)
         if sampling_params.n != 1:

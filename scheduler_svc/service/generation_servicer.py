@@ -212,6 +212,9 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         limits.max_queued_requests = m.config.max_queued_requests
         limits.max_logprobs = m.config.max_logprobs
         limits.max_n = m.config.max_n
+        limits.max_stop_strings = m.config.max_stop_strings
+        limits.max_stop_chars = m.config.max_stop_chars
+        limits.max_token_ids = m.config.max_token_ids
         if m.config.speculative_method is not None:
             spec = info.speculative_decoding
             spec.method = m.config.speculative_method

@@ -145,3 +145,22 @@ def test_config_is_validated_at_start_up(kwargs, word):
 def test_kv_pool_smaller_than_one_max_length_request_is_refused():
     with pytest.raises(ValueError, match="max_model_len"):
         make_scheduler(num_blocks=4, block_size=16, max_model_len=64)
+
+
+@pytest.mark.parametrize("limits, kwargs, message", [
+    (dict(max_stop_strings=2), dict(stop=["a", "b", "c"]), "3 strings; the limit is "
+     "max_stop_strings=2"),
+    (dict(max_stop_chars=5), dict(stop=["abc", "def"]), "6 characters in all"),
+    (dict(max_stop_strings=1), dict(bad_words=["x", "y"]), "max_stop_strings=1"),
+    (dict(max_token_ids=3), dict(stop_token_ids=[5, 6, 7, 8]), "4 entries; the limit is "
+     "max_token_ids=3"),
+    (dict(max_token_ids=1), dict(logit_bias={5: 1.0, 6: 2.0}), "max_token_ids=1"),
+    (dict(max_token_ids=1), dict(allowed_token_ids=[5, 6]), "max_token_ids=1"),
+])
+def test_list_caps_are_configurable_and_name_the_field(limits, kwargs, message):
+    s = make_scheduler(vocab_size=VOCAB, **limits)
+    with pytest.raises(InvalidRequestError) as e:
+        s.add_request(make_prompt(4), SamplingParams(**kwargs))
+    assert e.value.field == next(iter(kwargs)) and message in e.value.message, e.value
+    s.add_request(make_prompt(4), SamplingParams())  # at the cap or under it: accepted
+    assert len(s.waiting) == 1

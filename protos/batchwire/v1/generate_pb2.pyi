@@ -238,7 +238,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, address: _Optional[str] = ..., state: _Optional[_Union[WorkerState, str]] = ..., device: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ...) -> None: ...
 
 class ServerLimits(_message.Message):
-    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_queued_requests", "max_logprobs", "max_message_bytes", "max_n")
+    __slots__ = ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "max_queued_requests", "max_logprobs", "max_message_bytes", "max_n", "max_stop_strings", "max_stop_chars", "max_token_ids")
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -246,6 +246,9 @@ class ServerLimits(_message.Message):
     MAX_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     MAX_N_FIELD_NUMBER: _ClassVar[int]
+    MAX_STOP_STRINGS_FIELD_NUMBER: _ClassVar[int]
+    MAX_STOP_CHARS_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
@@ -253,7 +256,10 @@ class ServerLimits(_message.Message):
     max_logprobs: int
     max_message_bytes: int
     max_n: int
-    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_n: _Optional[int] = ...) -> None: ...
+    max_stop_strings: int
+    max_stop_chars: int
+    max_token_ids: int
+    def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_n: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_chars: _Optional[int] = ..., max_token_ids: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
     __slots__ = ("version", "workers", "kv_blocks_total", "kv_blocks_used", "block_size", "num_running_requests", "num_waiting_requests", "limits", "transport", "draining", "speculative_decoding")
