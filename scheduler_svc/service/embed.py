@@ -52,7 +52,12 @@ async def embed(engine: Any, tokenizer: Any, task: str,
     if len(base) > wire.MAX_REQUEST_ID_CHARS:
         raise InvalidRequestError("request_id", f"{len(base)} characters, at most "
                                                 f"{wire.MAX_REQUEST_ID_CHARS} allowed")
-    field, batch = inputs(request, tokenizer)
+    # Many or long texts are tokenized on a thread: the tokenizer releases the GIL, so the
+    # event loop goes on serving the other streams meanwhile.
+    if sum(map(len, request.texts)) > wire.OFF_LOOP_CHARS:
+        field, batch = await asyncio.to_thread(inputs, request, tokenizer)
+    else:
+        field, batch = inputs(request, tokenizer)
     pooling = pooling_params(request)
     # Generation settings do not matter to a pooling step; the defaults pass every check.
     params = SamplingParams()

@@ -53,6 +53,16 @@ class LoadedModel:
     task: str = "generate"  # what the workers serve: "generate" or "embed"
     pooling_type: str = ""  # on an embedding server
     hidden_size: int = 0  # an embedding's length without `dimensions`
+    # A text or chat prompt longer than this cannot fit max_model_len tokens (0 = no bound).
+    max_prompt_chars: int = 0
+
+
+async def tokenized(request: Any, tokenizer: Any, add_special_tokens: bool | None = None
+                    ) -> tuple[str, list[int]]:
+    if wire.prompt_chars(request) <= wire.OFF_LOOP_CHARS:
+        return wire.tokenize(request, tokenizer, add_special_tokens)
+    return await asyncio.get_running_loop().run_in_executor(
+        None, wire.tokenize, request, tokenizer, add_special_tokens)
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
@@ -109,7 +119,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         params = wire.sampling_params(request.sampling)
         parallel_sampling.check_n(params.n, m.config.max_n)
         wire.check_priority(request.priority, m.config.policy)
-        field, ids = wire.tokenize(request, m.tokenizer)
+        wire.check_prompt_chars(request, m.max_prompt_chars, m.max_model_len)
+        field, ids = await tokenized(request, m.tokenizer)
         if params.constraint is not None:
             # Neither the event loop nor the engine thread waits for a large schema to compile.
             await asyncio.get_running_loop().run_in_executor(
@@ -231,7 +242,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         try:
             m = self._loaded()
             add = request.add_special_tokens if request.HasField("add_special_tokens") else None
-            _, ids = wire.tokenize(request, m.tokenizer, add)
+            _, ids = await tokenized(request, m.tokenizer, add)
         except Exception as e:
             await abort_with(context, e)
         return generate_pb2.TokenizeResponse(token_ids=ids)

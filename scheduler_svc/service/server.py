@@ -46,6 +46,7 @@ from scheduler_svc.service.registry import SERVICE_NAME as REGISTRY_SERVICE_NAME
 from scheduler_svc.service.registry import WorkerRegistryServicer, add_registry_to_server
 from scheduler_svc.service.request_parsing import ParseInHandler
 from scheduler_svc.service.security import ServerTls, add_port, interceptors, start_health_server
+from scheduler_svc.service.wire import longest_token_chars
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +173,8 @@ def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine) -> Loa
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         eos_token_ids=sorted(scheduler.eos_token_ids), dtype=info.dtype,
         transport=first.executor.transport or "uni", workers=workers,
-        task=first.scheduler.task, pooling_type=info.pooling_type, hidden_size=info.hidden_size)
+        task=first.scheduler.task, pooling_type=info.pooling_type, hidden_size=info.hidden_size,
+        max_prompt_chars=scheduler.max_model_len * longest_token_chars(tokenizer))
 
 
 async def warm_up(engine: AsyncEngine, tokenizer: Any, task: str = "generate") -> None:
