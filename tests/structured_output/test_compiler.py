@@ -198,3 +198,22 @@ def test_the_satisfiability_check_never_raises_on_any_json(schema):
     # It runs on every schema xgrammar compiled, whatever odd shapes its keywords have.
     reason = why_unsatisfiable(schema)
     assert reason is None or isinstance(reason, str)
+
+
+def wide_schema(n: int, salt: str = "") -> dict:
+    return {"type": "object", "required": [f"f{salt}{i}" for i in range(n)],
+            "properties": {f"f{salt}{i}": {"type": "string" if i % 2 else "integer"}
+                           for i in range(n)}}
+
+
+def test_a_compile_past_the_time_limit_is_refused_and_stays_refused(default_tokenizer):
+    compiler = GrammarCompiler(default_tokenizer, VOCAB, timeout_s=0.02)
+    slow = Constraint("json_schema", json.dumps(wide_schema(400)))
+    with pytest.raises(InvalidRequestError, match="longer than the limit of 0.02 s to compile"):
+        compiler.compile(slow)
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidRequestError, match="longer than the limit"):
+        compiler.compile(slow)  # at once: it is not compiled again
+    assert time.perf_counter() - t0 < 0.01
+    compiler.timeout_s = 60
+    compiler.compile(Constraint("json_schema", '{"type": "integer"}'))  # others still compile

@@ -9,6 +9,7 @@ a cache hit. xgrammar is imported on the first constraint: it costs seconds at s
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import json
 import re
 import threading
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
 
 # Fills the search for an accepted string may spend before giving up undecided (~50 us each).
 MATCH_SEARCH_BUDGET = 256
+# The longest a constraint may take to compile. xgrammar cannot be stopped, so one past it goes on
+# compiling on its own thread; it is refused now and every time it comes back.
+COMPILE_TIMEOUT_S = 10.0
+# xgrammar compiles on this many threads. One: on a machine of a few cores a compile on every
+# core starved the running streams' forward passes (a 600-property schema stalled them 3 s).
+COMPILE_THREADS = 1
 # xgrammar's messages start with a time stamp and its own source file: "[19:45:45] x.cc:94: ".
 _XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
@@ -35,7 +42,8 @@ class GrammarCompiler:
     compile or cannot match any text."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, cache_size: int = 256,
-                 max_threads: int = 2) -> None:
+                 max_threads: int = COMPILE_THREADS,
+                 timeout_s: float = COMPILE_TIMEOUT_S) -> None:
         import xgrammar as xgr
 
         # vocab_size is the model's: its rows past the tokenizer's tokens are never allowed.
@@ -45,22 +53,39 @@ class GrammarCompiler:
         self._cache: collections.OrderedDict[Constraint, xgr.CompiledGrammar] = (
             collections.OrderedDict())
         self._cache_size = cache_size
+        self.timeout_s = timeout_s
+        self._too_slow: set[Constraint] = set()  # refused past timeout_s: refused from now on
         self._lock = threading.Lock()
         self._byte_tokens, self._bytes_complete = _byte_tokens(self.info.decoded_vocab)
 
     def compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
         with self._lock:
+            if constraint in self._too_slow:
+                raise self._too_slow_error(constraint)
             compiled = self._cache.get(constraint)
             if compiled is not None:
                 self._cache.move_to_end(constraint)
                 return compiled
         # Outside the lock: a large schema must not hold up the cache hits of other threads.
-        compiled = self._compile(constraint)
+        done: concurrent.futures.Future[xgr.CompiledGrammar] = concurrent.futures.Future()
+        threading.Thread(target=_run_into, args=(done, self._compile, constraint),
+                         name="grammar-compile", daemon=True).start()
+        try:
+            compiled = done.result(self.timeout_s)
+        except concurrent.futures.TimeoutError:
+            with self._lock:
+                if len(self._too_slow) < self._cache_size:  # bounded, as the cache is
+                    self._too_slow.add(constraint)
+            raise self._too_slow_error(constraint) from None
         with self._lock:
             self._cache[constraint] = compiled
             if len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return compiled
+
+    def _too_slow_error(self, constraint: Constraint) -> InvalidRequestError:
+        return InvalidRequestError(constraint.kind, f"takes longer than the limit of "
+                                                    f"{self.timeout_s:g} s to compile")
 
     def _compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
         kind, text = constraint.kind, constraint.text
@@ -113,6 +138,13 @@ class GrammarCompiler:
             matcher = parent.fork()
             matcher.accept_token(token)
         return None
+
+
+def _run_into(future: concurrent.futures.Future, fn: Any, *args: Any) -> None:
+    try:
+        future.set_result(fn(*args))
+    except BaseException as e:  # the caller raises it, on its own thread
+        future.set_exception(e)
 
 
 def _next_child(stack: list[tuple[Any, Iterator[int]]]) -> tuple[Any, int] | None:
