@@ -1,6 +1,6 @@
-"""`batchwire bench` (also `python -m benchmarks`, `make bench`): measure batchwire against its
-peers on this machine, in one run. Each benchmark prints its tables and writes <name>.json and
-<name>.png into --results.
+"""`batchwire bench` (also `python -m batchwire.benchmarks`, `make bench`): measure batchwire
+against its peers on this machine, in one run. Each benchmark prints its tables and writes
+<name>.json and <name>.png into --results.
 
   throughput  offline tokens/s on each transport against transformers and llama.cpp
   serve       a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency
@@ -61,7 +61,7 @@ def _module(name: str):
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from benchmarks.machine import set_threads
+    from batchwire.benchmarks.machine import set_threads
 
     set_threads(args.threads)
     every = args.benchmark == "all"
@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.quick:
             args.repeats = min(args.repeats, 2)
             if args.model is None:
-                from benchmarks.tiny_model import tiny_model
+                from batchwire.benchmarks.tiny_model import tiny_model
 
                 args.model = tiny_model(Path(args.results) / ".tiny-model")
             module.quick(args)

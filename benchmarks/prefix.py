@@ -8,12 +8,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from batchwire.benchmarks.machine import machine_info
+from batchwire.benchmarks.prefix_caching import compare
+from batchwire.benchmarks.report import Report, bars, fmt, spread
+from batchwire.benchmarks.workloads import shared_prefix, w64
 from tqdm import tqdm
-
-from benchmarks.machine import machine_info
-from benchmarks.prefix_caching import compare
-from benchmarks.report import Report, bars, fmt, spread
-from benchmarks.workloads import shared_prefix, w64
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,11 +15,10 @@ import time
 from typing import Any
 
 import numpy as np
+from batchwire.benchmarks.machine import machine_info
+from batchwire.benchmarks.report import Report, bars, fmt, spread
+from batchwire.benchmarks.workloads import w64
 from tqdm import tqdm
-
-from benchmarks.machine import machine_info
-from benchmarks.report import Report, bars, fmt, spread
-from benchmarks.workloads import w64
 
 REPEATING = [
     "Copy the list exactly.\nList: red, green, blue, yellow, purple, orange, white, black\n"

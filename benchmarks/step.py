@@ -10,11 +10,10 @@ import argparse
 import statistics
 from typing import Any
 
+from batchwire.benchmarks import runner_step, scheduler_step, transport
+from batchwire.benchmarks.machine import machine_info
+from batchwire.benchmarks.report import Report, bars, fmt, spread
 from tqdm import tqdm
-
-from benchmarks import runner_step, scheduler_step, transport
-from benchmarks.machine import machine_info
-from benchmarks.report import Report, bars, fmt, spread
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,14 +15,14 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from batchwire.benchmarks.llamacpp_peer import load_llamacpp, run_llamacpp, skip_reason
+from batchwire.benchmarks.machine import machine_info, peak_matmul_flops
+from batchwire.benchmarks.offline_w64 import load_transformers, run_batchwire, run_transformers
+from batchwire.benchmarks.report import Report, bars, fmt, spread
+from batchwire.benchmarks.step_profile import PARTS, profile_step
+from batchwire.benchmarks.workloads import Workload, random_fixed, token_counts, w64
 from tqdm import tqdm
 
-from benchmarks.llamacpp_peer import load_llamacpp, run_llamacpp, skip_reason
-from benchmarks.machine import machine_info, peak_matmul_flops
-from benchmarks.offline_w64 import load_transformers, run_batchwire, run_transformers
-from benchmarks.report import Report, bars, fmt, spread
-from benchmarks.step_profile import PARTS, profile_step
-from benchmarks.workloads import Workload, random_fixed, token_counts, w64
 from scheduler_svc.executors.uni import UniProcExecutor
 
 

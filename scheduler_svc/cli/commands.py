@@ -5,7 +5,7 @@
   worker     one worker (or a tensor-parallel group)
   generate   stream one completion from a running server to the terminal
   chat       an interactive conversation with a running server
-  bench      benchmarks (`python -m benchmarks`)
+  bench      benchmarks (`python -m batchwire.benchmarks`)
 
 Every option of serve, scheduler and worker can also be set as an environment variable
 BATCHWIRE_<OPTION> (e.g. BATCHWIRE_PORT=50051, BATCHWIRE_NO_PREFIX_CACHING=1), for containers;
@@ -493,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _DELEGATES = {
     "worker": ("worker_svc.__main__", "the worker service"),
-    "bench": ("benchmarks.__main__", "the bench command"),
+    "bench": ("batchwire.benchmarks.__main__", "the bench command"),
 }
 
 

@@ -7,8 +7,7 @@ types, constexpr specialisation, shared memory), so the real compiler is run dow
 import importlib
 
 import pytest
-
-from kernels._triton import HAS_TRITON
+from batchwire.kernels._triton import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 
