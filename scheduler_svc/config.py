@@ -51,6 +51,10 @@ class SchedulerConfig:
     max_queued_requests: int = 10_000  # waiting requests beyond this are refused at admission
     max_logprobs: int = 20  # the most top-n logprobs a request may ask for
     max_n: int = 16  # the most sequences one client request may sample (n)
+    # The defaults of a request's unset sampling fields: "auto" = the model's generation config
+    # (core/generation_config.py), "none" = SamplingParams' own, or a folder or
+    # generation_config.json file to read them from.
+    generation_config: str = "auto"
 
     # Speculative decoding (core/spec_decode.py): None = off; "ngram" = prompt-lookup drafts.
     speculative_method: str | None = None

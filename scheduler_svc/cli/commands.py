@@ -63,6 +63,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
             "file; default: the embedded SmolLM2-135M-Instruct")
     _option(g, "--dtype", _DEFAULTS["dtype"], "weights, activations and KV cache",
             choices=("bfloat16", "float16", "float32"))
+    _option(g, "--generation-config", _DEFAULTS["generation_config"], "defaults of a request's "
+            "unset sampling fields: auto = the model's generation config (GetModelInfo shows "
+            "them), none = batchwire's (temperature 1...), or a folder or generation_config.json "
+            "to read them from", metavar="auto|none|PATH")
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -186,6 +190,7 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         enable_chunked_prefill=not args.no_chunked_prefill, task=args.task,
         pooling_type=args.pooling_type, normalize=args.normalize,
         pipeline_parallel_size=args.pipeline_parallel_size,
+        generation_config=args.generation_config,
         **_speculative_config(args), **extra)
 
 
@@ -363,11 +368,14 @@ def _cut_note(last: Any) -> str | None:
 def cmd_chat(args: argparse.Namespace) -> int:
     import grpc
 
+    from scheduler_svc.cli.sampling_flags import defaults_line
+
     history: list[tuple[str, str]] = [("system", args.system)] if args.system else []
     print("Chatting with the model at " + args.address + ". /reset forgets the conversation, "
           "/exit or Ctrl-D leaves.", file=sys.stderr)
     with _client(args) as client:
         client.wait_ready(CONNECT_TIMEOUT_S)
+        print(defaults_line(client.model_info()) + " Flags override them.", file=sys.stderr)
         while True:
             try:
                 line = input("you> ").strip()
