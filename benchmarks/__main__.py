@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _module(name: str):
-    return importlib.import_module(f"benchmarks.{name}")
+    return importlib.import_module(f"batchwire.benchmarks.{name}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -31,6 +31,8 @@ for module in (batchwire, batchwire.kernels, batchwire.benchmarks, batchwire.com
 from batchwire import LLM, SamplingParams
 from batchwire.kernels import AttentionMetadata
 from batchwire.benchmarks.workloads import w64
+from batchwire.benchmarks.__main__ import _module  # how `batchwire bench` finds each one
+assert _module("workloads").__name__ == "batchwire.benchmarks.workloads"
 print("top-level:", sorted(n for n in os.listdir(site) if not n.endswith((".pth", ".py"))))
 print("kernels spec:", importlib.util.find_spec("kernels"))
 print("benchmarks spec:", importlib.util.find_spec("benchmarks"))
