@@ -52,9 +52,8 @@ def run(args: argparse.Namespace) -> None:
     ratios = {"shared prefix: TTFT, off / on": ratio("ttft", "shared"),
               "shared prefix: total, off / on": ratio("total", "shared"),
               "no shared prefix: total, off / on": ratio("total", "distinct")}
-    report.table("same-run ratios (medians; above 1: caching is faster)", ["ratio", "x"],
-                 [[k, f"{v:.2f}"] for k, v in ratios.items()])
-    report.data.update(results=results, ratios=ratios)
+    report.ratios("same-run ratios (medians; above 1: caching is faster)", ratios)
+    report.data.update(results=results)
     report.save(args.results, lambda fig: _draw(fig, results))
 
 
