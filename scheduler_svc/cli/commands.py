@@ -196,6 +196,7 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
 
 def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: int = 1,
                 **server: Any) -> int:
+    from scheduler_svc.core.generation_config import load_generation_config
     from scheduler_svc.service.security import ApiKeys, ServerTls
     from scheduler_svc.service.server import (  # grpc and torch: only when serving
         ServerConfig,
@@ -206,7 +207,9 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
         tls = ServerTls.from_options(args.tls_cert, args.tls_key, args.tls_client_ca)
         if args.api_key_file:
             ApiKeys.from_file(args.api_key_file)  # a missing or empty file fails here, not later
-    except ValueError as e:
+        # Likewise a generation config that cannot be read or holds bad values.
+        load_generation_config(scheduler.model, scheduler.generation_config)
+    except (ValueError, OSError) as e:
         raise SystemExit(f"batchwire: {e}") from None
     config = ServerConfig(
         tls=tls, api_key_file=args.api_key_file, health_port=args.health_port,

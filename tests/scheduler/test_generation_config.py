@@ -5,6 +5,9 @@ header reader is checked against the gguf package's own reader on a file written
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -20,6 +23,8 @@ from scheduler_svc.service import wire
 
 from .conftest import ByteTokenizer, make_config
 from .fake_worker import FakeWorker, fake_greedy
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def checkpoint(tmp_path, **values):
@@ -119,3 +124,14 @@ def test_the_offline_api_takes_the_defaults_when_given_no_params(tmp_path):
     assert llm.default_sampling_params().max_tokens == 3
     (out,) = llm.generate([[5, 6, 7]], use_tqdm=False)
     assert out.token_ids == expected  # greedy, and 3 tokens: the checkpoint's max_new_tokens
+
+
+def test_serve_refuses_a_bad_generation_config_in_one_line(tmp_path):
+    bad = tmp_path / "generation_config.json"
+    bad.write_text(json.dumps({"temperature": -1}))
+    done = subprocess.run([sys.executable, "-m", "scheduler_svc.cli", "serve", "--port", "0",
+                           "--no-metrics", "--generation-config", str(bad)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (f"batchwire: the generation config in {bad}: temperature: -1 "
+                                   "must be finite and >= 0"), done.stderr
