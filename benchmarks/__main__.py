@@ -1,12 +1,13 @@
-"""`batchwire bench` (also `python -m benchmarks`, `make bench`): measure batchwire against its
-peers on this machine, in one run. Each benchmark prints its tables and writes <name>.json and
-<name>.png into --results.
+"""`batchwire bench` (also `python -m batchwire.benchmarks`, `make bench`): measure batchwire
+against its peers on this machine, in one run. Each benchmark prints its tables and writes
+<name>.json and <name>.png into --results.
 
   throughput  offline tokens/s on each transport against transformers and llama.cpp
   serve       a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency
   step        CPU cost per step: persistent batch vs rebuild, schedule(), each transport
   prefix      a shared 512-token prefix with prefix caching on and off
   spec        speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64
+  soak        a mixed load for --minutes (10): RSS, open fds, KV blocks and latency over time
   all         every one of them, in that order
 """
 
@@ -26,6 +27,7 @@ BENCHMARKS = {  # name -> one line of help; each is a module of this package
     "step": "CPU cost per step: persistent batch vs rebuild, schedule(), each transport",
     "prefix": "a shared 512-token prefix with prefix caching on and off",
     "spec": "speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64",
+    "soak": "a mixed load for --minutes: RSS, open fds, KV blocks and latency over time",
 }
 
 
@@ -56,12 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _module(name: str):
-    return importlib.import_module(f"benchmarks.{name}")
+    return importlib.import_module(f"batchwire.benchmarks.{name}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from benchmarks.machine import set_threads
+    from batchwire.benchmarks.machine import set_threads
 
     set_threads(args.threads)
     every = args.benchmark == "all"
@@ -73,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.quick:
             args.repeats = min(args.repeats, 2)
             if args.model is None:
-                from benchmarks.tiny_model import tiny_model
+                from batchwire.benchmarks.tiny_model import tiny_model
 
                 args.model = tiny_model(Path(args.results) / ".tiny-model")
             module.quick(args)

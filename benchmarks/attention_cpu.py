@@ -19,10 +19,9 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-from kernels import AttentionMetadata
-from kernels.paged_attention import paged_attention_reference
-from kernels.paged_attention_cpu import build_plan, paged_attention_torch
+from batchwire.kernels import AttentionMetadata
+from batchwire.kernels.paged_attention import paged_attention_reference
+from batchwire.kernels.paged_attention_cpu import build_plan, paged_attention_torch
 
 NUM_Q_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 

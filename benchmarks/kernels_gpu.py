@@ -21,12 +21,12 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from kernels import AttentionMetadata  # noqa: E402
-from kernels.paged_attention import paged_attention_reference, paged_attention_triton  # noqa: E402
-from kernels.reshape_and_cache import reshape_and_cache_torch, reshape_and_cache_triton  # noqa: E402
-from kernels.rms_norm import rms_norm_torch, rms_norm_triton  # noqa: E402
-from kernels.rotary_embedding import rotary_embedding_torch, rotary_embedding_triton  # noqa: E402
-from kernels.token_bitmask import apply_token_bitmask_torch, apply_token_bitmask_triton  # noqa: E402
+from batchwire.kernels import AttentionMetadata  # noqa: E402
+from batchwire.kernels.paged_attention import paged_attention_reference, paged_attention_triton  # noqa: E402
+from batchwire.kernels.reshape_and_cache import reshape_and_cache_torch, reshape_and_cache_triton  # noqa: E402
+from batchwire.kernels.rms_norm import rms_norm_torch, rms_norm_triton  # noqa: E402
+from batchwire.kernels.rotary_embedding import rotary_embedding_torch, rotary_embedding_triton  # noqa: E402
+from batchwire.kernels.token_bitmask import apply_token_bitmask_torch, apply_token_bitmask_triton  # noqa: E402
 
 ATOL = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 3e-2}
 

@@ -12,7 +12,7 @@ import itertools
 import statistics
 from collections.abc import Sequence
 
-from benchmarks.load_generator import RequestRecord
+from batchwire.benchmarks.load_generator import RequestRecord
 
 PERCENTILES = (50, 90, 99)
 

@@ -9,10 +9,9 @@ import random
 import time
 
 import grpc
+from batchwire.benchmarks.workloads import Workload
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 from tqdm import tqdm
-
-from benchmarks.workloads import Workload
 
 
 @dataclasses.dataclass(slots=True)

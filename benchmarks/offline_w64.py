@@ -6,7 +6,8 @@ uniform in [32, 256], output lengths uniform in [16, 128], ignore_eos, greedy. M
 not timed. A static batch runs until its longest request is done; only each request's own output
 tokens count as useful.
 
-    .venv/bin/python -m benchmarks.offline_w64 --dtype bfloat16 --hf-batch-sizes 16,64 --repeats 3
+    .venv/bin/python -m batchwire.benchmarks.offline_w64 --dtype bfloat16 --hf-batch-sizes 16,64 \
+        --repeats 3
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ import statistics
 import time
 
 import torch
-
-from benchmarks.workloads import Workload, w64
+from batchwire.benchmarks.workloads import Workload, w64
 
 
 def run_batchwire(llm, workload: Workload) -> float:

@@ -8,12 +8,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from batchwire.benchmarks.machine import machine_info
+from batchwire.benchmarks.prefix_caching import compare
+from batchwire.benchmarks.report import Report, bars, fmt, spread
+from batchwire.benchmarks.workloads import shared_prefix, w64
 from tqdm import tqdm
-
-from benchmarks.machine import machine_info
-from benchmarks.prefix_caching import compare
-from benchmarks.report import Report, bars, fmt, spread
-from benchmarks.workloads import shared_prefix, w64
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -53,9 +52,8 @@ def run(args: argparse.Namespace) -> None:
     ratios = {"shared prefix: TTFT, off / on": ratio("ttft", "shared"),
               "shared prefix: total, off / on": ratio("total", "shared"),
               "no shared prefix: total, off / on": ratio("total", "distinct")}
-    report.table("same-run ratios (medians; above 1: caching is faster)", ["ratio", "x"],
-                 [[k, f"{v:.2f}"] for k, v in ratios.items()])
-    report.data.update(results=results, ratios=ratios)
+    report.ratios("same-run ratios (medians; above 1: caching is faster)", ratios)
+    report.data.update(results=results)
     report.save(args.results, lambda fig: _draw(fig, results))
 
 

@@ -1,6 +1,9 @@
 """A benchmark's results: a printed table, a JSON file and a PNG chart in the results folder.
 
 Every figure that comes from repeated runs is kept as a spread: its median, min, max and runs.
+A quick run (`--quick`: a tiny random-weight model, a small workload, two runs) says nothing about
+speed, so each of its tables, its JSON and its chart says it is one, and it reports no speed ratio:
+"2.22x vs best peer" from a quick run would read as a result.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from pathlib import Path
 from typing import Any
 
 PEERS = ("transformers", "llama.cpp")  # labels of the peers' configurations start so
+QUICK_TAG = "[quick run]"
+QUICK_NOTICE = ("QUICK RUN (--quick): a tiny random-weight model on a small workload; it checks "
+                "that the code runs and measures nothing. Speed ratios are left out.")
 
 
 def spread(runs: Sequence[float]) -> dict[str, Any]:
@@ -33,11 +39,17 @@ class Report:
 
     def __init__(self, name: str, machine: dict, settings: dict) -> None:
         self.name = name
+        self.quick = bool(settings.get("quick"))
         self.data: dict[str, Any] = {"benchmark": name, "machine": machine,
                                      "settings": settings, "tables": []}
+        if self.quick:
+            self.data.update(quick=True, notice=QUICK_NOTICE)
+            print(f"\n{QUICK_NOTICE}")
 
     def table(self, title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
               note: str = "") -> None:
+        if self.quick:
+            title = f"{QUICK_TAG} {title}"
         cells = [[str(c) for c in columns]] + [[str(c) for c in row] for row in rows]
         widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
         print(f"\n{title}")
@@ -51,6 +63,14 @@ class Report:
             print(textwrap.fill(note, 98, initial_indent="  ", subsequent_indent="  "))
         self.data["tables"].append({"title": title, "columns": list(columns),
                                     "rows": cells[1:], "note": note})
+
+    def ratios(self, title: str, ratios: dict[str, float]) -> None:
+        """Same-run speed ratios: a table and data["ratios"]; none from a quick run."""
+        if self.quick:
+            print(f"\n{QUICK_TAG} {title}: left out")
+            return
+        self.table(title, ["ratio", "x"], [[k, f"{v:.2f}"] for k, v in ratios.items()])
+        self.data["ratios"] = ratios
 
     def save(self, folder: str | Path, draw: Callable[[Any], None]) -> tuple[Path, Path]:
         """Writes <name>.json and <name>.png (draw(figure) fills the chart) into folder."""
@@ -66,9 +86,13 @@ class Report:
         figure = plt.figure(figsize=(10, 4.5))
         draw(figure)
         m = self.data["machine"]
-        figure.suptitle(f"batchwire bench {self.name}: {m['cpu']}, {m['cores']} cores, "
+        quick = "QUICK RUN, not a measurement: " if self.quick else ""
+        figure.suptitle(f"{quick}batchwire bench {self.name}: {m['cpu']}, {m['cores']} cores, "
                         f"torch {m['torch']}, {m['dtype']}, {m['torch_threads']} threads",
-                        fontsize=9)
+                        fontsize=9, color="tab:red" if self.quick else "black")
+        if self.quick:  # across the bars too, so that a cropped chart still says it
+            figure.text(0.5, 0.5, "QUICK RUN", fontsize=60, color="tab:red", alpha=0.15,
+                        ha="center", va="center", rotation=20)
         figure.tight_layout()
         figure.savefig(png_path, dpi=100)
         plt.close(figure)

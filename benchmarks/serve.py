@@ -10,12 +10,12 @@ import argparse
 import statistics
 from typing import Any
 
-from benchmarks.latency import PERCENTILES, serving_metrics
-from benchmarks.load_generator import generate_load
-from benchmarks.machine import machine_info
-from benchmarks.report import Report
-from benchmarks.serve_process import ServeProcess
-from benchmarks.workloads import random_fixed
+from batchwire.benchmarks.latency import PERCENTILES, serving_metrics
+from batchwire.benchmarks.load_generator import generate_load
+from batchwire.benchmarks.machine import machine_info
+from batchwire.benchmarks.report import Report
+from batchwire.benchmarks.serve_process import ServeProcess
+from batchwire.benchmarks.workloads import random_fixed
 
 METRICS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
 

@@ -20,13 +20,12 @@ from typing import Any
 
 import grpc
 import psutil
-from batchwire.v1 import generate_pb2, generate_pb2_grpc
-
 from batchwire.benchmarks.latency import distribution
 from batchwire.benchmarks.machine import machine_info
 from batchwire.benchmarks.report import Report
 from batchwire.benchmarks.serve_process import ServeProcess
 from batchwire.benchmarks.workloads import HIGH_ID, LOW_ID
+from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
 S = generate_pb2.SamplingParams
 
@@ -161,15 +160,19 @@ def run(args: argparse.Namespace) -> None:
         values = [v for v in values if v == v]  # windows with no finished request: NaN
         return statistics.median(values) if values else float("nan")
 
-    rows = [[label, f"{median(first, k, s):.1f}", f"{median(last, k, s):.1f}",
-             f"{median(last, k, s) / median(first, k, s):.2f}"]
-            for label, k, s in (("RSS MiB", "rss_mib", None), ("open fds", "fds", None),
-                                ("e2e p50 ms", "e2e_ms", "p50"), ("e2e p99 ms", "e2e_ms", "p99"),
-                                ("TTFT p50 ms", "ttft_ms", "p50"))]
+    metrics = (("RSS MiB", "rss_mib", None), ("open fds", "fds", None),
+               ("e2e p50 ms", "e2e_ms", "p50"), ("e2e p99 ms", "e2e_ms", "p99"),
+               ("TTFT p50 ms", "ttft_ms", "p50"))
+    rows = [[label, f"{median(first, k, s):.1f}", f"{median(last, k, s):.1f}"]
+            for label, k, s in metrics]
+    if not report.quick:  # a quick run's drift says nothing: no ratio from it
+        for row, (_, k, s) in zip(rows, metrics, strict=True):
+            row.append(f"{median(last, k, s) / median(first, k, s):.2f}")
     errors = sorted({e for r in samples for e in r["errors"]})
     report.table(f"soak: {args.minutes:g} min, {args.concurrency} streams, {len(load)} samples; "
-                 "medians over the first and the last third", ["metric", "first third",
-                                                               "last third", "last / first"],
+                 "medians over the first and the last third",
+                 ["metric", "first third", "last third",
+                  *([] if report.quick else ["last / first"])],
                  rows, note=f"finished {sum(r['done'] for r in load)}, cancelled "
                  f"{sum(r['cancelled'] for r in load)}, errors {len(errors)}; KV blocks in use "
                  f"once idle: {idle['kv_blocks_used']}")

@@ -15,11 +15,10 @@ import time
 from typing import Any
 
 import numpy as np
+from batchwire.benchmarks.machine import machine_info
+from batchwire.benchmarks.report import Report, bars, fmt, spread
+from batchwire.benchmarks.workloads import w64
 from tqdm import tqdm
-
-from benchmarks.machine import machine_info
-from benchmarks.report import Report, bars, fmt, spread
-from benchmarks.workloads import w64
 
 REPEATING = [
     "Copy the list exactly.\nList: red, green, blue, yellow, purple, orange, white, black\n"
@@ -116,10 +115,8 @@ def run(args: argparse.Namespace) -> None:
               for s in ("1 stream", "4 streams") for n in configs if n != "off"}
     ratios[f"W64: tokens/s, K={args.w64_k} / off"] = (
         w64_results[f"K={args.w64_k}"]["median"] / w64_results["off"]["median"])
-    report.table("same-run ratios (medians; above 1: speculation is faster)", ["ratio", "x"],
-                 [[k, f"{v:.2f}"] for k, v in ratios.items()])
-    report.data.update(results=results, w64=w64_results, scheduler_step_ms=step_cost,
-                       ratios=ratios)
+    report.ratios("same-run ratios (medians; above 1: speculation is faster)", ratios)
+    report.data.update(results=results, w64=w64_results, scheduler_step_ms=step_cost)
     report.save(args.results, lambda fig: _draw(fig, results))
 
 

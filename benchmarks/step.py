@@ -10,11 +10,10 @@ import argparse
 import statistics
 from typing import Any
 
+from batchwire.benchmarks import runner_step, scheduler_step, transport
+from batchwire.benchmarks.machine import machine_info
+from batchwire.benchmarks.report import Report, bars, fmt, spread
 from tqdm import tqdm
-
-from benchmarks import runner_step, scheduler_step, transport
-from benchmarks.machine import machine_info
-from benchmarks.report import Report, bars, fmt, spread
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,9 +63,8 @@ def run(args: argparse.Namespace) -> None:
             med["transport grpc"] / med["transport grpc floor (sync echo)"],
         "grpc / zmq": med["transport grpc"] / med["transport zmq"],
     }
-    report.table("same-run ratios (medians)", ["ratio", "x"],
-                 [[k, f"{v:.2f}"] for k, v in ratios.items()])
-    report.data.update(results=rows, ratios=ratios, scheduler_output_bytes=so_bytes,
+    report.ratios("same-run ratios (medians)", ratios)
+    report.data.update(results=rows, scheduler_output_bytes=so_bytes,
                        model_runner_output_bytes=reply_bytes)
     report.save(args.results, lambda fig: _draw(fig, rows))
 

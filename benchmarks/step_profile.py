@@ -9,10 +9,11 @@ import time
 from collections import defaultdict
 from typing import Any
 
-import kernels
+from batchwire import kernels
+from batchwire.benchmarks.offline_w64 import run_batchwire
+from batchwire.benchmarks.workloads import Workload
+
 import worker_svc.model_runner as model_runner_module
-from benchmarks.offline_w64 import run_batchwire
-from benchmarks.workloads import Workload
 
 # Part of the step -> what a reader of the table should take it to mean.
 PARTS = {

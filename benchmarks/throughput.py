@@ -15,14 +15,14 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from batchwire.benchmarks.llamacpp_peer import load_llamacpp, run_llamacpp, skip_reason
+from batchwire.benchmarks.machine import machine_info, peak_matmul_flops
+from batchwire.benchmarks.offline_w64 import load_transformers, run_batchwire, run_transformers
+from batchwire.benchmarks.report import Report, bars, fmt, spread
+from batchwire.benchmarks.step_profile import PARTS, profile_step
+from batchwire.benchmarks.workloads import Workload, random_fixed, token_counts, w64
 from tqdm import tqdm
 
-from benchmarks.llamacpp_peer import load_llamacpp, run_llamacpp, skip_reason
-from benchmarks.machine import machine_info, peak_matmul_flops
-from benchmarks.offline_w64 import load_transformers, run_batchwire, run_transformers
-from benchmarks.report import Report, bars, fmt, spread
-from benchmarks.step_profile import PARTS, profile_step
-from benchmarks.workloads import Workload, random_fixed, token_counts, w64
 from scheduler_svc.executors.uni import UniProcExecutor
 
 
@@ -139,14 +139,17 @@ def _tables(report: Report, results: dict, peers: list[str], best: str | None,
         useful = {k: results[k]["useful_tok_s"]["median"] for k in (c, peer)}
         return f"{useful[c] / useful[peer]:.2f}x"
 
-    rows = [[c, fmt(r["useful_tok_s"]), fmt(r["total_tok_s"]), fmt(r["seconds"], 2),
-             ratio(c, best)] for c, r in results.items()]
+    columns = ["configuration", "useful out tok/s", "total tok/s", "wall s"]
+    rows = [[c, fmt(r["useful_tok_s"]), fmt(r["total_tok_s"]), fmt(r["seconds"], 2)]
+            for c, r in results.items()]
+    if not report.quick:  # a quick run reports no speed ratio (report.py)
+        columns.append("vs best peer")
+        rows = [[*row, ratio(c, best)] for row, c in zip(rows, results, strict=True)]
     n = len(next(iter(results.values()))["seconds"]["runs"])
-    report.table(f"{name}: median [min-max] of {n} runs",
-                 ["configuration", "useful out tok/s", "total tok/s", "wall s", "vs best peer"],
-                 rows, note=f"best peer: {best}" if best else "no peer ran")
+    report.table(f"{name}: median [min-max] of {n} runs", columns, rows,
+                 note=f"best peer: {best}" if best else "no peer ran")
     ours = [c for c in results if c.startswith("batchwire")]
-    if peers and ours:
+    if peers and ours and not report.quick:
         report.table("batchwire / each peer (useful output tok/s, medians)", ["peer", *ours],
                      [[p, *(ratio(c, p) for c in ours)] for p in peers])
 

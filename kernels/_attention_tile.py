@@ -1,6 +1,6 @@
 """The inner step shared by the paged attention kernels: one tile of keys, online softmax."""
 
-from kernels._triton import tl, triton
+from batchwire.kernels._triton import tl, triton
 
 
 @triton.jit

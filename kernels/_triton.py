@@ -1,7 +1,7 @@
 """The one place Triton is imported, so every kernel module imports where Triton is absent.
 
-Kernel modules write `from kernels._triton import triton, tl` and decorate with `@triton.jit`;
-without Triton the decorator returns the plain function, which is never launched.
+Kernel modules write `from batchwire.kernels._triton import triton, tl` and decorate with
+`@triton.jit`; without Triton the decorator returns the plain function, which is never launched.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 
 import torch
-
-from kernels._triton import HAS_TRITON
+from batchwire.kernels._triton import HAS_TRITON
 
 BACKENDS = ("auto", "torch", "triton")
 

@@ -4,14 +4,13 @@ import math
 import os
 
 import torch
-
-from kernels._attention_tile import _attend_tile
-from kernels._checks import FLOAT_DTYPES, check_shape, check_tensor
-from kernels._triton import tl, triton
-from kernels.attention_metadata import AttentionMetadata
-from kernels.backend import use_triton
-from kernels.paged_attention_cpu import paged_attention_torch
-from kernels.paged_attention_split_kv import launch_split_kv_decode, num_kv_splits_for
+from batchwire.kernels._attention_tile import _attend_tile
+from batchwire.kernels._checks import FLOAT_DTYPES, check_shape, check_tensor
+from batchwire.kernels._triton import tl, triton
+from batchwire.kernels.attention_metadata import AttentionMetadata
+from batchwire.kernels.backend import use_triton
+from batchwire.kernels.paged_attention_cpu import paged_attention_torch
+from batchwire.kernels.paged_attention_split_kv import launch_split_kv_decode, num_kv_splits_for
 
 
 def paged_attention(

@@ -23,8 +23,7 @@ import dataclasses
 
 import numpy as np
 import torch
-
-from kernels.attention_metadata import AttentionMetadata
+from batchwire.kernels.attention_metadata import AttentionMetadata
 
 # Query rows of a prompt attended at once: bounds the float32 scores to
 # [num_q_heads, PREFILL_QUERY_CHUNK, seq_len].

@@ -6,10 +6,9 @@ kernel merges the splits.
 """
 
 import torch
-
-from kernels._attention_tile import _attend_tile
-from kernels._triton import tl, triton
-from kernels.attention_metadata import AttentionMetadata
+from batchwire.kernels._attention_tile import _attend_tile
+from batchwire.kernels._triton import tl, triton
+from batchwire.kernels.attention_metadata import AttentionMetadata
 
 
 @triton.jit

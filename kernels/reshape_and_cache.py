@@ -1,10 +1,9 @@
 """Write each token's K and V into the paged KV cache at its slot."""
 
 import torch
-
-from kernels._checks import FLOAT_DTYPES, check_shape, check_tensor
-from kernels._triton import tl, triton
-from kernels.backend import use_triton
+from batchwire.kernels._checks import FLOAT_DTYPES, check_shape, check_tensor
+from batchwire.kernels._triton import tl, triton
+from batchwire.kernels.backend import use_triton
 
 
 def reshape_and_cache(

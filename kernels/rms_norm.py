@@ -1,10 +1,9 @@
 """RMS normalisation, optionally fused with the residual add that precedes it."""
 
 import torch
-
-from kernels._checks import FLOAT_DTYPES, check_shape, check_tensor
-from kernels._triton import tl, triton
-from kernels.backend import use_triton
+from batchwire.kernels._checks import FLOAT_DTYPES, check_shape, check_tensor
+from batchwire.kernels._triton import tl, triton
+from batchwire.kernels.backend import use_triton
 
 
 def rms_norm(

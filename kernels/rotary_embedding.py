@@ -1,10 +1,9 @@
 """Rotary position embeddings, neox style (the rotated half is the second half of rotary_dim)."""
 
 import torch
-
-from kernels._checks import FLOAT_DTYPES, check_tensor
-from kernels._triton import tl, triton
-from kernels.backend import use_triton
+from batchwire.kernels._checks import FLOAT_DTYPES, check_tensor
+from batchwire.kernels._triton import tl, triton
+from batchwire.kernels.backend import use_triton
 
 
 def rotary_embedding(

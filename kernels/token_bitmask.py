@@ -3,10 +3,9 @@
 import sys
 
 import torch
-
-from kernels._checks import check_tensor
-from kernels._triton import tl, triton
-from kernels.backend import use_triton
+from batchwire.kernels._checks import check_tensor
+from batchwire.kernels._triton import tl, triton
+from batchwire.kernels.backend import use_triton
 
 
 def apply_token_bitmask(

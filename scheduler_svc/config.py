@@ -65,6 +65,10 @@ class SchedulerConfig:
     max_stop_strings: int = 64  # entries of `stop`, and of `bad_words`
     max_stop_chars: int = 4096  # characters of all `stop` strings, and of all `bad_words`
     max_token_ids: int = 2048  # entries of stop_token_ids, logit_bias and allowed_token_ids
+    # The defaults of a request's unset sampling fields: "auto" = the model's generation config
+    # (core/generation_config.py), "none" = SamplingParams' own, or a folder or
+    # generation_config.json file to read them from.
+    generation_config: str = "auto"
 
     # Speculative decoding (core/spec_decode.py): None = off; "ngram" = prompt-lookup drafts.
     speculative_method: str | None = None

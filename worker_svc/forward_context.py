@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from kernels import AttentionMetadata
+from batchwire.kernels import AttentionMetadata
 
 _current: AttentionMetadata | None = None
 

@@ -14,11 +14,11 @@ import dataclasses
 
 import numpy as np
 import torch
+from batchwire import kernels
 from batchwire.common.worker_config import WorkerConfig
+from batchwire.kernels import AttentionMetadata
 from batchwire.v1 import worker_pb2
 
-import kernels
-from kernels import AttentionMetadata
 from worker_svc.forward_context import set_forward_context
 from worker_svc.input_batch import CachedRequestState, InputBatch
 from worker_svc.models.llama import LlamaForCausalLM

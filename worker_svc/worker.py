@@ -7,9 +7,9 @@ import logging
 import torch
 from batchwire.common.model_files import model_name, resolve_model_path
 from batchwire.common.worker_config import WorkerConfig
+from batchwire.kernels.kv_cache import kv_cache_zeros
 from batchwire.v1 import worker_pb2
 
-from kernels.kv_cache import kv_cache_zeros
 from worker_svc.loaders.weights import load_model
 from worker_svc.model_runner import ModelRunner
 from worker_svc.models.llama import LlamaForCausalLM

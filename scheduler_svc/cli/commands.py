@@ -5,7 +5,7 @@
   worker     one worker (or a tensor-parallel group)
   generate   stream one completion from a running server to the terminal
   chat       an interactive conversation with a running server
-  bench      benchmarks (`python -m benchmarks`)
+  bench      benchmarks (`python -m batchwire.benchmarks`)
 
 Every option of serve, scheduler and worker can also be set as an environment variable
 BATCHWIRE_<OPTION> (e.g. BATCHWIRE_PORT=50051, BATCHWIRE_NO_PREFIX_CACHING=1), for containers;
@@ -63,6 +63,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
             "file; default: the embedded SmolLM2-135M-Instruct")
     _option(g, "--dtype", _DEFAULTS["dtype"], "weights, activations and KV cache",
             choices=("bfloat16", "float16", "float32"))
+    _option(g, "--generation-config", _DEFAULTS["generation_config"], "defaults of a request's "
+            "unset sampling fields: auto = the model's generation config (GetModelInfo shows "
+            "them), none = batchwire's (temperature 1...), or a folder or generation_config.json "
+            "to read them from", metavar="auto|none|PATH")
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -193,11 +197,13 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         enable_chunked_prefill=not args.no_chunked_prefill, task=args.task,
         pooling_type=args.pooling_type, normalize=args.normalize,
         pipeline_parallel_size=args.pipeline_parallel_size,
+        generation_config=args.generation_config,
         **_speculative_config(args), **extra)
 
 
 def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: int = 1,
                 **server: Any) -> int:
+    from scheduler_svc.core.generation_config import load_generation_config
     from scheduler_svc.service.security import ApiKeys, ServerTls
     from scheduler_svc.service.server import (  # grpc and torch: only when serving
         ServerConfig,
@@ -208,7 +214,9 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
         tls = ServerTls.from_options(args.tls_cert, args.tls_key, args.tls_client_ca)
         if args.api_key_file:
             ApiKeys.from_file(args.api_key_file)  # a missing or empty file fails here, not later
-    except ValueError as e:
+        # Likewise a generation config that cannot be read or holds bad values.
+        load_generation_config(scheduler.model, scheduler.generation_config)
+    except (ValueError, OSError) as e:
         raise SystemExit(f"batchwire: {e}") from None
     config = ServerConfig(
         tls=tls, api_key_file=args.api_key_file, health_port=args.health_port,
@@ -370,11 +378,14 @@ def _cut_note(last: Any) -> str | None:
 def cmd_chat(args: argparse.Namespace) -> int:
     import grpc
 
+    from scheduler_svc.cli.sampling_flags import defaults_line
+
     history: list[tuple[str, str]] = [("system", args.system)] if args.system else []
     print("Chatting with the model at " + args.address + ". /reset forgets the conversation, "
           "/exit or Ctrl-D leaves.", file=sys.stderr)
     with _client(args) as client:
         client.wait_ready(CONNECT_TIMEOUT_S)
+        print(defaults_line(client.model_info()) + " Flags override them.", file=sys.stderr)
         while True:
             try:
                 line = input("you> ").strip()
@@ -500,7 +511,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _DELEGATES = {
     "worker": ("worker_svc.__main__", "the worker service"),
-    "bench": ("benchmarks.__main__", "the bench command"),
+    "bench": ("batchwire.benchmarks.__main__", "the bench command"),
 }
 
 

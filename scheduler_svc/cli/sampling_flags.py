@@ -1,6 +1,7 @@
 """The sampling flags of `batchwire generate` and `chat`, one per SamplingParams field of
-generate.proto. An unset flag leaves the field unset, so the server's default applies (the ones
-documented in generate.proto: max_tokens 16, temperature 1...)."""
+generate.proto. An unset flag leaves the field unset, so the server's default applies: the model's
+generation config where it has the field (GetModelInfo.sampling_defaults; greedy on the embedded
+SmolLM2), else generate.proto's (max_tokens 16, temperature 1...)."""
 
 from __future__ import annotations
 
@@ -18,15 +19,16 @@ _SCALARS = ("max_tokens", "min_tokens", "temperature", "top_p", "top_k", "min_p"
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("sampling (unset = the server's default)")
     g.add_argument("--max-tokens", type=int,
-                   help="output tokens at most (server default 16); prompt plus this must fit "
-                   "in the model's max_model_len")
+                   help="output tokens at most (default: the model's generation config, else "
+                   "16); prompt plus this must fit in the model's max_model_len")
     g.add_argument("--min-tokens", type=int,
                    help="EOS and stop token ids are ignored until this many tokens are out")
     g.add_argument("--temperature", type=float,
                    help="0 = greedy; higher is more random (default: the model's generation "
-                   "config, else 1)")
+                   "config, 0 = greedy on the embedded SmolLM2, else 1)")
     g.add_argument("--top-p", type=float, help="sample from the smallest set of tokens whose "
-                   "probabilities add up to this, in (0, 1] (1 = off)")
+                   "probabilities add up to this, in (0, 1] (default: the model's generation "
+                   "config, else 1 = off)")
     g.add_argument("--top-k", type=int, help="sample from the k most likely tokens (0 = off)")
     g.add_argument("--min-p", type=float, help="drop tokens less likely than this fraction of "
                    "the most likely one, in [0, 1] (0 = off)")
@@ -56,6 +58,17 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
                    "strings (repeatable)")
     c.add_argument("--grammar", metavar="EBNF", help="the output follows this EBNF grammar "
                    "(start rule `root`): the text, or @FILE")
+
+
+def defaults_line(info: generate_pb2.GetModelInfoResponse) -> str:
+    """The sampling defaults a server applies to unset flags, as one line for the terminal."""
+    d = info.sampling_defaults
+    values = [f"{name} {getattr(d, name):.3g}" for name in _REPORTED if d.HasField(name)]
+    source = f" ({info.sampling_defaults_source})" if info.sampling_defaults_source else ""
+    return f"Sampling defaults: {', '.join(values) or 'the server gives none'}{source}."
+
+
+_REPORTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens")
 
 
 def _text_or_file(value: str) -> str:

@@ -9,6 +9,7 @@ from typing import Any, cast
 from tqdm import tqdm
 
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.generation_config import load_generation_config
 from scheduler_svc.core.outputs import EngineCoreOutput, RequestOutput
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
@@ -28,6 +29,7 @@ class LLM:
                  executor: Executor | None = None, tokenizer: Any = None, **config: Any) -> None:
         self.config = SchedulerConfig(model=model, dtype=dtype, **config)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(model)
+        self.generation_config = load_generation_config(model, self.config.generation_config)
         self.engine = EngineCore(self.config, executor, self.tokenizer)
         self._ids = itertools.count()
 
@@ -41,7 +43,7 @@ class LLM:
         """Runs the prompts to completion; results come back in the order of the prompts."""
         batch = _as_batch(prompts)
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(batch)
         if len(sampling_params) != len(batch):
@@ -64,6 +66,11 @@ class LLM:
             # An error mid-run must not leave requests behind to run in the next call.
             self.engine.abort_requests(added)
         return list(results.values())
+
+    def default_sampling_params(self) -> SamplingParams:
+        """The model's generation config over SamplingParams' defaults, as the server applies
+        them to a request's unset fields."""
+        return SamplingParams(**self.generation_config.defaults)
 
     def embed(self, texts: Prompt | Sequence[Prompt], normalize: bool | None = None,
               dimensions: int | None = None, use_tqdm: bool = False) -> list[list[float]]:

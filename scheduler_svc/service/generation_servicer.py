@@ -18,6 +18,7 @@ from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.errors import InvalidRequestError, RequestIdInUseError, WrongTaskError
+from scheduler_svc.core.generation_config import GenerationConfig
 from scheduler_svc.core.parallel_sampling import child_params, child_request_id
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.engine.async_engine import AsyncEngine, RequestStream
@@ -55,6 +56,9 @@ class LoadedModel:
     hidden_size: int = 0  # an embedding's length without `dimensions`
     # A text or chat prompt longer than this cannot fit max_model_len tokens (0 = no bound).
     max_prompt_chars: int = 0
+    # The defaults of a request's unset sampling fields (the model's generation config).
+    generation_config: GenerationConfig = GenerationConfig({}, "none")
+    weights: str = ""  # how the weights are stored and served, for GetModelInfo
 
 
 async def tokenized(request: Any, tokenizer: Any, add_special_tokens: bool | None = None
@@ -116,7 +120,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                                                       "which samples nothing; use Embed")
             raise WrongTaskError(f"Generate: this server runs a {m.task!r} model; use Embed")
         request_id = wire.request_id(request)
-        params = wire.sampling_params(request.sampling)
+        params = wire.sampling_params(request.sampling, m.generation_config)
         parallel_sampling.check_n(params.n, m.config.max_n)
         wire.check_priority(request.priority, m.config.policy)
         wire.check_prompt_chars(request, m.max_prompt_chars, m.max_model_len)
@@ -189,7 +193,10 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             model_name=m.model_name, max_model_len=m.max_model_len, vocab_size=m.vocab_size,
             eos_token_ids=m.eos_token_ids, has_chat_template=bool(m.tokenizer.chat_template),
             dtype=m.dtype, task=m.task, pooling_type=m.pooling_type,
-            embedding_size=m.hidden_size if m.task == "embed" else 0)
+            embedding_size=m.hidden_size if m.task == "embed" else 0, weights=m.weights,
+            sampling_defaults_source=m.generation_config.source)
+        for name, value in m.generation_config.in_force().items():
+            setattr(info.sampling_defaults, name, value)
         bos = getattr(m.tokenizer, "bos_token_id", None)
         if bos is not None:
             info.bos_token_id = bos

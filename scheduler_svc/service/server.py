@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import grpc
+from batchwire.common.model_files import describe_weights
 from batchwire.common.ports import PortRequest, check_free
 from batchwire.v1 import generate_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -30,6 +31,7 @@ from grpc_reflection.v1alpha import reflection
 from tqdm import tqdm
 
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.generation_config import GenerationConfig, load_generation_config
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.tokenizer import load_tokenizer
@@ -158,7 +160,8 @@ def _worker_view(replica: Replica) -> WorkerView:
     return WorkerView(",".join(addresses), state, info.device, info.tensor_parallel_size or 1)
 
 
-def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine) -> LoadedModel:
+def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine,
+             generation: GenerationConfig) -> LoadedModel:
     """The model as the first replica serves it; every replica that joins serves the same."""
     first = core.replicas[0].core
     scheduler, info = first.scheduler, first.info
@@ -174,7 +177,8 @@ def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine) -> Loa
         eos_token_ids=sorted(scheduler.eos_token_ids), dtype=info.dtype,
         transport=first.executor.transport or "uni", workers=workers,
         task=first.scheduler.task, pooling_type=info.pooling_type, hidden_size=info.hidden_size,
-        max_prompt_chars=scheduler.max_model_len * longest_token_chars(tokenizer))
+        max_prompt_chars=scheduler.max_model_len * longest_token_chars(tokenizer),
+        generation_config=generation, weights=describe_weights(core.config.model, info.dtype))
 
 
 async def warm_up(engine: AsyncEngine, tokenizer: Any, task: str = "generate") -> None:
@@ -236,6 +240,7 @@ class SchedulerServer:
         self._stop = asyncio.Event()
         self._signals = 0
         self._watcher: Any = None  # the pod watch, with discover_workers
+        self._generation = GenerationConfig({}, "not loaded yet")
 
     async def run(self) -> int:
         """Serves until SIGTERM or SIGINT, then drains; returns the exit status."""
@@ -264,7 +269,7 @@ class SchedulerServer:
         if not await self._first_replica(core):
             await self._drain()
             return 0
-        model = describe(core, tokenizer, self.engine)
+        model = describe(core, tokenizer, self.engine, self._generation)
         await warm_up(self.engine, tokenizer, model.task)
         self.engine.observer = self.metrics
         self.metrics.model_name = model.model_name
@@ -289,6 +294,9 @@ class SchedulerServer:
 
     def _load(self) -> tuple[ReplicatedEngine, Any]:
         cfg = self.config
+        # Read first: a bad generation config stops the server before the model loads.
+        self._generation = load_generation_config(cfg.scheduler.model,
+                                                  cfg.scheduler.generation_config)
         if cfg.discover_workers:
             from scheduler_svc.service.discovery import load_discovered
 
@@ -366,13 +374,12 @@ class SchedulerServer:
     def _print_usage(self, model: LoadedModel) -> None:
         host = "localhost" if self.config.host in ("0.0.0.0", "::", "[::]") else self.config.host
         address = f"{host}:{self.port}"
-        request = json.dumps({"text": "Write a haiku about the sea.",
-                              "sampling": {"max_tokens": 48}})
+        request = json.dumps({"text": "What is the capital of France?"})
         metrics = (f", metrics on http://{host}:{self.metrics_port}/metrics"
                    if self.metrics_port is not None else "")
         cli = _cli_command()
         print(f"batchwire {version()} is serving {model.model_name} on {address}{metrics}\n"
-              f"  CLI:     {cli} generate --address {address} 'Write a haiku about the sea.'\n"
+              f"  CLI:     {cli} generate --address {address} 'What is the capital of France?'\n"
               f"           {cli} chat --address {address}\n"
               f"  grpcurl: grpcurl -plaintext -d '{request}' {address} "
               f"{SERVICE_NAME}/Generate\n"

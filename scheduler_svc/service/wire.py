@@ -14,11 +14,13 @@ from batchwire.v1 import generate_pb2
 
 from scheduler_svc.core.chat_template import chat_prompt_ids
 from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.core.generation_config import GenerationConfig
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.structured_output import compiler_for
 
-# SamplingParams fields a client may set, all `optional` on the wire: unset = the dataclass default.
+# SamplingParams fields a client may set, all `optional` on the wire: unset = the model's
+# generation config where it has the field, else the dataclass default.
 _SCALAR_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "max_tokens", "min_tokens", "seed", "ignore_eos",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "logprobs",
@@ -40,8 +42,13 @@ def invalid(field: str, engine_error: InvalidRequestError) -> InvalidRequestErro
     return InvalidRequestError(f"{field} ({engine_error.field})", engine_error.message)
 
 
-def sampling_params(msg: generate_pb2.SamplingParams) -> SamplingParams:
+def sampling_params(msg: generate_pb2.SamplingParams,
+                    generation: GenerationConfig | None = None) -> SamplingParams:
+    """The request's fields; an unset one takes the model's generation config, if it has that
+    field, else SamplingParams' default."""
     kwargs: dict[str, Any] = {f: getattr(msg, f) for f in _SCALAR_FIELDS if msg.HasField(f)}
+    if generation is not None:
+        kwargs = generation.apply(kwargs)
     kwargs.update({f: list(getattr(msg, f)) for f in _LIST_FIELDS})
     if msg.logit_bias:
         kwargs["logit_bias"] = dict(msg.logit_bias)

@@ -115,7 +115,8 @@ def test_a_request_that_cannot_fit_names_both_numbers(server):
 
 
 def test_unset_fields_take_the_documented_defaults(server):
-    # max_tokens unset = 16 (not 0, which would be refused); temperature unset = 1 (sampled).
+    # max_tokens unset = 16 (not 0, which would be refused); temperature unset = the model's
+    # default (GetModelInfo.sampling_defaults, test_first_answer.py).
     _, _, last, _ = collect(server.stub.Generate(
         text_request("Hi", S(ignore_eos=True)), timeout=60))
     assert last.usage.completion_tokens == 16 and last.finish_reason == "length"

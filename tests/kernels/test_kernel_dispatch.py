@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import kernels
-from kernels import backend
+from batchwire import kernels
+from batchwire.kernels import backend
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,8 +52,8 @@ def test_everything_imports_and_runs_without_triton():
         import sys
         sys.modules["triton"] = None  # makes `import triton` fail as if it were not installed
         import torch
-        import kernels
-        from kernels._triton import HAS_TRITON
+        from batchwire import kernels
+        from batchwire.kernels._triton import HAS_TRITON
         assert not HAS_TRITON
         out, res = kernels.rms_norm(torch.ones(2, 8), torch.ones(8), 1e-6, torch.ones(2, 8))
         assert torch.allclose(out, torch.ones(2, 8)) and torch.equal(res, 2 * torch.ones(2, 8))
@@ -69,7 +68,8 @@ def test_everything_imports_and_runs_without_triton():
 
 
 def test_env_setting_is_read_and_checked():
-    ok = run_python("import kernels; print(kernels.get_backend())", BATCHWIRE_KERNELS="torch")
+    ok = run_python("from batchwire import kernels; print(kernels.get_backend())",
+                    BATCHWIRE_KERNELS="torch")
     assert ok.returncode == 0 and ok.stdout.strip() == "torch"
-    bad = run_python("import kernels", BATCHWIRE_KERNELS="fast")
+    bad = run_python("import batchwire.kernels", BATCHWIRE_KERNELS="fast")
     assert bad.returncode != 0 and "BATCHWIRE_KERNELS='fast'" in bad.stderr

@@ -6,12 +6,11 @@ import sys
 import numpy as np
 import pytest
 import torch
+from batchwire import kernels
+from batchwire.kernels.kv_cache import kv_cache_zeros
+from batchwire.kernels.paged_attention import paged_attention_reference
+from batchwire.kernels.paged_attention_cpu import build_plan, paged_attention_torch
 from kernel_factories import ATOL, make_paged_batch
-
-import kernels
-from kernels.kv_cache import kv_cache_zeros
-from kernels.paged_attention import paged_attention_reference
-from kernels.paged_attention_cpu import build_plan, paged_attention_torch
 
 # (query_lens, seq_lens): decode only, prefill only, chunked prefill with prefixes, mixed,
 # lengths 1, 17, 33 and exact block boundaries (16, 32, 48).

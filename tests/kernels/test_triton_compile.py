@@ -7,8 +7,7 @@ types, constexpr specialisation, shared memory), so the real compiler is run dow
 import importlib
 
 import pytest
-
-from kernels._triton import HAS_TRITON
+from batchwire.kernels._triton import HAS_TRITON
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed")
 
@@ -54,7 +53,7 @@ def test_kernel_compiles_for_sm90(name, monkeypatch):
 
     monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", "1")
     module, kernel_name, constants = KERNELS[name]
-    kernel = getattr(importlib.import_module(f"kernels.{module}"), kernel_name)
+    kernel = getattr(importlib.import_module(f"batchwire.kernels.{module}"), kernel_name)
     signature = {}
     for arg in kernel.arg_names:
         if arg in constants:

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from kernels._triton import HAS_TRITON
+from batchwire.kernels._triton import HAS_TRITON
 
 INTERPRETED = Path(__file__).resolve().parent / "interpreted"
 

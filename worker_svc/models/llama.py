@@ -12,9 +12,9 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F
+from batchwire import kernels
 from torch import nn
 
-import kernels
 from worker_svc.forward_context import get_attention_metadata
 from worker_svc.models.config import ModelConfig
 from worker_svc.models.rotary import cos_sin_cache

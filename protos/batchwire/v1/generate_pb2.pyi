@@ -198,7 +198,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetModelInfoResponse(_message.Message):
-    __slots__ = ("model_name", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "bos_token_id", "dtype", "task", "pooling_type", "embedding_size")
+    __slots__ = ("model_name", "max_model_len", "vocab_size", "eos_token_ids", "has_chat_template", "bos_token_id", "dtype", "task", "pooling_type", "embedding_size", "sampling_defaults", "sampling_defaults_source", "weights")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +209,9 @@ class GetModelInfoResponse(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     POOLING_TYPE_FIELD_NUMBER: _ClassVar[int]
     EMBEDDING_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_DEFAULTS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_DEFAULTS_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     max_model_len: int
     vocab_size: int
@@ -219,7 +222,26 @@ class GetModelInfoResponse(_message.Message):
     task: str
     pooling_type: str
     embedding_size: int
-    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: bool = ..., bos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., task: _Optional[str] = ..., pooling_type: _Optional[str] = ..., embedding_size: _Optional[int] = ...) -> None: ...
+    sampling_defaults: SamplingDefaults
+    sampling_defaults_source: str
+    weights: str
+    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., vocab_size: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., has_chat_template: bool = ..., bos_token_id: _Optional[int] = ..., dtype: _Optional[str] = ..., task: _Optional[str] = ..., pooling_type: _Optional[str] = ..., embedding_size: _Optional[int] = ..., sampling_defaults: _Optional[_Union[SamplingDefaults, _Mapping]] = ..., sampling_defaults_source: _Optional[str] = ..., weights: _Optional[str] = ...) -> None: ...
+
+class SamplingDefaults(_message.Message):
+    __slots__ = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "max_tokens")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    TOP_P_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    MIN_P_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_PENALTY_FIELD_NUMBER: _ClassVar[int]
+    MAX_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    max_tokens: int
+    def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., min_p: _Optional[float] = ..., repetition_penalty: _Optional[float] = ..., max_tokens: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()

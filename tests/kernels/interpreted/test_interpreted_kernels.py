@@ -5,13 +5,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from batchwire.kernels.paged_attention import paged_attention_reference, paged_attention_triton
+from batchwire.kernels.reshape_and_cache import reshape_and_cache_torch, reshape_and_cache_triton
+from batchwire.kernels.rms_norm import rms_norm_torch, rms_norm_triton
+from batchwire.kernels.rotary_embedding import rotary_embedding_torch, rotary_embedding_triton
+from batchwire.kernels.token_bitmask import apply_token_bitmask_torch, apply_token_bitmask_triton
 from kernel_factories import ATOL, make_paged_batch
-
-from kernels.paged_attention import paged_attention_reference, paged_attention_triton
-from kernels.reshape_and_cache import reshape_and_cache_torch, reshape_and_cache_triton
-from kernels.rms_norm import rms_norm_torch, rms_norm_triton
-from kernels.rotary_embedding import rotary_embedding_torch, rotary_embedding_triton
-from kernels.token_bitmask import apply_token_bitmask_torch, apply_token_bitmask_triton
 
 # (query_lens, seq_lens): decode rows of lengths 1, 17, 33 and block boundaries, a fresh prompt,
 # chunked prefills over a cached prefix, and a mix of all of them in one launch.

@@ -7,9 +7,8 @@ the chunked prompt's second chunk and a new prompt.
 import numpy as np
 import torch
 import torch.nn.functional as F
-
-import kernels
-from kernels import AttentionMetadata
+from batchwire import kernels
+from batchwire.kernels import AttentionMetadata
 
 HIDDEN, LAYERS, NUM_Q, NUM_KV, HEAD_DIM, FFN, VOCAB, BLOCK = 64, 2, 6, 2, 16, 96, 101, 16
 
