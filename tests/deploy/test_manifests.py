@@ -339,7 +339,7 @@ def test_network_policies_allow_only_the_links(docs):
                    and {"Ingress", "Egress"} <= set(p["spec"]["policyTypes"])
                    for p in policies.values())
     worker_policy = policies["batchwire-worker"]
-    (rule,) = worker_policy["spec"]["ingress"]
+    rule, scrape = worker_policy["spec"]["ingress"]  # the scheduler's calls; Prometheus
     (peer,) = rule["from"]
     assert selects(peer["podSelector"]["matchLabels"], pod_labels(s))
     assert not selects(peer["podSelector"]["matchLabels"], pod_labels(w))
@@ -348,6 +348,11 @@ def test_network_policies_allow_only_the_links(docs):
     needed = {int(e["BATCHWIRE_PORT"]) + 2 * r for r in range(tp)} | {
         int(e["BATCHWIRE_ZMQ_PORT"]) + 2 * r for r in range(tp)}
     assert needed <= _allowed_ports(rule)
+    (prometheus,) = scrape["from"]
+    assert prometheus["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
+    metrics_port = int(e.get("BATCHWIRE_METRICS_PORT", 9091))
+    assert {metrics_port + r for r in range(tp)} <= _allowed_ports(scrape)
+    assert not needed & _allowed_ports(scrape)  # Prometheus reaches no step port
     scheduler_policy = policies["batchwire-scheduler"]
     by_port = {frozenset(_allowed_ports(r)): r for r in scheduler_policy["spec"]["ingress"]}
     assert "from" not in by_port[frozenset({50051})]  # clients, from anywhere
@@ -375,3 +380,21 @@ def test_torch_threads_fit_the_cpu_limit(docs):
     cpus = float(container(w)["resources"]["limits"]["cpu"])
     ranks = int(e.get("BATCHWIRE_TENSOR_PARALLEL_SIZE", 1))
     assert 1 <= int(e["OMP_NUM_THREADS"]) * ranks <= cpus
+
+
+def test_pod_monitor_scrapes_each_worker_pods_metrics_port(docs, overlay):
+    monitors = find(docs, "PodMonitor")
+    if overlay == "dev-cpu":
+        assert not monitors
+        return
+    (monitor,) = monitors
+    workers = [d for d in find(docs, "Deployment") + find(docs, "StatefulSet")
+               if d["metadata"]["labels"].get("app.kubernetes.io/component") == "worker"]
+    assert workers
+    for w in workers:
+        template = w["spec"]["template"]
+        assert selects(monitor["spec"]["selector"]["matchLabels"], template["metadata"]["labels"])
+        ports = {p["name"]: p["containerPort"] for c in template["spec"]["containers"]
+                 for p in c.get("ports", [])}
+        assert ports.get("metrics") == 9091  # worker_svc's default --metrics-port
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"]
