@@ -7,6 +7,7 @@ peers on this machine, in one run. Each benchmark prints its tables and writes <
   step        CPU cost per step: persistent batch vs rebuild, schedule(), each transport
   prefix      a shared 512-token prefix with prefix caching on and off
   spec        speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64
+  overhead    the engine's own time per decode step on a near-zero-cost model, by transport
   all         every one of them, in that order
 """
 
@@ -26,6 +27,7 @@ BENCHMARKS = {  # name -> one line of help; each is a module of this package
     "step": "CPU cost per step: persistent batch vs rebuild, schedule(), each transport",
     "prefix": "a shared 512-token prefix with prefix caching on and off",
     "spec": "speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64",
+    "overhead": "the engine's own time per decode step on a near-zero-cost model, by transport",
 }
 
 
