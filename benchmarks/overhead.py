@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cases", default="uni,zmq,grpc,serve uni,serve zmq",
                    help="engine transports and `serve <transport>` processes, comma list "
                    "(default: %(default)s)")
+    # float32: on a CPU without AMX, bfloat16 makes even this model's matmuls the bottleneck.
+    p.set_defaults(dtype="float32")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="the engines' setting (default: theirs)")
 
