@@ -26,6 +26,7 @@ from worker_svc.pipeline import IntermediateTensors
 from worker_svc.pooler import Pooler
 from worker_svc.prompt_logprobs import attach_prompt_logprobs, compute_prompt_logprobs
 from worker_svc.rejection_sampler import RejectionSampler
+from worker_svc.sampled_wire import SampledTokensEncoder
 from worker_svc.sampler import Sampler, SamplerOutput
 from worker_svc.spec_decode_metadata import (
     SpecDecodeMetadata,
@@ -88,6 +89,7 @@ class ModelRunner:
         self.input_ids = torch.zeros(max_tokens, dtype=torch.int32)  # [tokens]
         self.query_start_loc_np = np.zeros(max_reqs + 1, dtype=np.int32)  # [reqs + 1]
         self.seq_lens_np = np.zeros(max_reqs, dtype=np.int32)  # [reqs]
+        self._sampled_encoder = SampledTokensEncoder()
 
 
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
@@ -377,24 +379,27 @@ class ModelRunner:
     ) -> worker_pb2.ModelRunnerOutput:
         """Appends each kept token to its request and builds the reply; discarded rows get []."""
         batch = self.input_batch
-        tokens = sampled.sampled_token_ids.tolist()
+        tokens_np = sampled.sampled_token_ids.cpu().numpy()  # [reqs]
+        tokens = tokens_np.tolist()
+        discard = discard[: len(tokens)]
         out = worker_pb2.ModelRunnerOutput()
         req_ids = batch.req_ids[: batch.num_reqs]
         out.req_ids.extend(req_ids)  # type: ignore[arg-type]
+        out.MergeFromString(self._sampled_encoder.encode(tokens, discard.tolist()))
+        kept = np.flatnonzero(~discard)  # [kept rows]
+        states = batch.states
+        for row in kept.tolist():
+            states[row].output_token_ids.append(tokens[row])  # type: ignore[union-attr]
+        ends = batch.num_tokens_np[kept]
+        batch.token_ids_np[kept, ends] = tokens_np[kept]
+        batch.num_tokens_np[kept] = ends + 1
         logprobs = sampled.logprobs
+        if logprobs is None:
+            return out
         want_logprobs = [
             s is not None and s.sampling.HasField("logprobs") for s in batch.states[: len(tokens)]
         ]
-        for row, token in enumerate(tokens):
-            entry = out.sampled_token_ids.add()
-            if discard[row]:
-                continue
-            entry.ids.append(token)
-            state = batch.states[row]
-            assert state is not None
-            state.output_token_ids.append(token)
-            batch.append_token(row, token)
-        if logprobs is not None and any(want_logprobs):
+        if any(want_logprobs):
             ids, values, ranks = (
                 logprobs.token_ids.tolist(),
                 logprobs.logprobs.tolist(),
