@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # float32: on a CPU without AMX, bfloat16 makes even this model's matmuls the bottleneck.
     p.set_defaults(dtype="float32")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
-                   help="the engines' setting (default: theirs)")
+                   help="the engines' setting (default: theirs; serve gets the flag when on)")
 
 
 def quick(args: argparse.Namespace) -> None:
@@ -170,8 +170,7 @@ def measure_serve(model: str, n: int, args: argparse.Namespace, transport: str) 
         "--max-num-seqs", str(n), "--max-num-batched-tokens",
         str(settings["max_num_batched_tokens"]), "--max-model-len", str(settings["max_model_len"]),
         "--kv-cache-memory", "64M", "--no-prefix-caching",
-        *([] if args.async_scheduling is None else
-          ["--async-scheduling" if args.async_scheduling else "--no-async-scheduling"]))
+        *(["--async-scheduling"] if args.async_scheduling else []))
     runs = []
     try:
         generate_load(server.address, [(prompts(2, args.prompt_len, -1)[0], 4)] * 2,
