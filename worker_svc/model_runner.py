@@ -34,6 +34,7 @@ from worker_svc.spec_decode_metadata import (
     stage_draft_tokens,
 )
 from worker_svc.spec_decode_output import record_verified
+from worker_svc.staging import InputFence, host_buffer
 from worker_svc.validation import (
     InvalidStepError,
     StepLimits,
@@ -84,11 +85,13 @@ class ModelRunner:
         # Buffers sized once for the largest step; each step overwrites a prefix.
         max_tokens, max_reqs = config.max_num_batched_tokens, config.max_num_reqs
         self.arange_np = np.arange(max(max_tokens, max_reqs) + 1, dtype=np.int64)
-        self.positions_np = np.zeros(max_tokens, dtype=np.int64)  # [tokens]
-        self.positions = torch.from_numpy(self.positions_np)
-        self.input_ids = torch.zeros(max_tokens, dtype=torch.int32)  # [tokens]
-        self.query_start_loc_np = np.zeros(max_reqs + 1, dtype=np.int32)  # [reqs + 1]
-        self.seq_lens_np = np.zeros(max_reqs, dtype=np.int32)  # [reqs]
+        # Pinned on CUDA, for asynchronous copies fenced by input_fence (staging.py).
+        self.positions = host_buffer(max_tokens, torch.int64, self.device)  # [tokens]
+        self.positions_np = self.positions.numpy()
+        self.input_ids = host_buffer(max_tokens, torch.int32, self.device)  # [tokens]
+        self.query_start_loc_np = host_buffer(max_reqs + 1, torch.int32, self.device).numpy()
+        self.seq_lens_np = host_buffer(max_reqs, torch.int32, self.device).numpy()  # [reqs]
+        self.input_fence = InputFence(self.device)
         self._sampled_encoder = SampledTokensEncoder()
 
 
@@ -98,6 +101,7 @@ class ModelRunner:
         validate_scheduler_output(so, self.requests, self.limits, not self.model.stage.is_last)
         if self.pooler is not None:
             self.pooler.begin_step(so)
+        self.input_fence.wait()  # the last step's copies have read the host buffers
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return worker_pb2.ModelRunnerOutput()
@@ -105,6 +109,7 @@ class ModelRunner:
         num_tokens = so.total_num_scheduled_tokens
         with torch.inference_mode(), set_forward_context(metadata):
             hidden = self._run_stage(num_tokens)
+            self.input_fence.record()  # after the copies of this step's inputs
             if hidden is None:  # a stage before the last: its output went to the next stage
                 return worker_pb2.ModelRunnerOutput()
             if self.pooler is not None:  # a pooling model answers now and parks nothing
