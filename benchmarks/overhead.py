@@ -36,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=100, help="timed decode steps per repeat")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--cases", default="uni,zmq,grpc,serve uni,serve zmq",
-                   help="engine transports and `serve <transport>` processes, comma list "
+                   help="engine transports (`zmq async`: with async scheduling, whatever "
+                   "--async-scheduling says) and `serve <transport>` processes, comma list "
                    "(default: %(default)s)")
     # float32: on a CPU without AMX, bfloat16 makes even this model's matmuls the bottleneck.
     p.set_defaults(dtype="float32")
@@ -58,8 +59,8 @@ def run(args: argparse.Namespace) -> None:
     for n in sizes:
         floor_ms[n] = spread(bare_forward_ms(model, n, args.prompt_len, args.steps,
                                              args.repeats, args.dtype))
-        runs = measure_engines(model, n, args, [c for c in cases if c in ENGINE_TRANSPORTS],
-                               parts)
+        runs = measure_engines(model, n, args,
+                               [c for c in cases if c.split()[0] in ENGINE_TRANSPORTS], parts)
         for case in cases:
             if case.startswith("serve "):
                 runs[case] = measure_serve(model, n, args, case.split()[1])
@@ -113,8 +114,9 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
 
     warmup = 4
     max_tokens = warmup + args.steps + 4
-    extra = {} if args.async_scheduling is None else {"async_scheduling": args.async_scheduling}
-    engines = {t: LLM(model, dtype=args.dtype, executor_backend=t, **extra,
+    default = {} if args.async_scheduling is None else {"async_scheduling": args.async_scheduling}
+    engines = {t: LLM(model, dtype=args.dtype, executor_backend=t.split()[0],
+                      **({"async_scheduling": True} if t.endswith(" async") else default),
                       **engine_settings(n, args.prompt_len, max_tokens)) for t in transports}
     runs: dict[str, list[float]] = {t: [] for t in transports}
     try:
