@@ -8,6 +8,7 @@ against its peers on this machine, in one run. Each benchmark prints its tables 
   prefix      a shared 512-token prefix with prefix caching on and off
   spec        speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64
   soak        a mixed load for --minutes (10): RSS, open fds, KV blocks and latency over time
+  overhead    the engine's own time per decode step on a near-zero-cost model, by transport
   all         every one of them, in that order
 """
 
@@ -28,6 +29,7 @@ BENCHMARKS = {  # name -> one line of help; each is a module of this package
     "prefix": "a shared 512-token prefix with prefix caching on and off",
     "spec": "speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64",
     "soak": "a mixed load for --minutes: RSS, open fds, KV blocks and latency over time",
+    "overhead": "the engine's own time per decode step on a near-zero-cost model, by transport",
 }
 
 

@@ -28,18 +28,23 @@ PARTS = {
 
 
 class Splits:
-    """Wraps callables with timers adding into `seconds[part]`; undo() puts them back."""
+    """Wraps callables with timers adding into `seconds[part]` while `enabled`; undo() puts them
+    back."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.enabled = True
         self._undo: list[tuple[Any, str, Any, bool]] = []
 
     def wrap(self, owner: Any, name: str, part: str) -> None:
         original = getattr(owner, name)
         own = name in getattr(owner, "__dict__", {})
         seconds = self.seconds
+        splits = self
 
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if not splits.enabled:
+                return original(*args, **kwargs)
             t0 = time.perf_counter()
             try:
                 return original(*args, **kwargs)

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def tiny_model(folder: str | Path) -> str:
-    """A checkpoint directory (config.json, safetensors, tokenizer), made once in folder."""
+def tiny_model(folder: str | Path, num_layers: int = 2, vocab_size: int | None = None) -> str:
+    """A checkpoint directory (config.json, safetensors, tokenizer), made once in folder.
+    vocab_size: the tokenizer's by default; a smaller one makes the LM head near free (the
+    tokenizer still decodes the ids below it)."""
     folder = Path(folder)
     if (folder / "config.json").exists():
         return str(folder)
@@ -17,7 +19,8 @@ def tiny_model(folder: str | Path) -> str:
 
     tokenizer = load_tokenizer(None)  # the prompts' ids and the stop token stay meaningful
     config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        vocab_size=vocab_size or len(tokenizer), hidden_size=64, intermediate_size=128,
+        num_hidden_layers=num_layers,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
         tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
     )  # fmt: skip

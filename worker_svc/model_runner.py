@@ -26,6 +26,7 @@ from worker_svc.pipeline import IntermediateTensors
 from worker_svc.pooler import Pooler
 from worker_svc.prompt_logprobs import attach_prompt_logprobs, compute_prompt_logprobs
 from worker_svc.rejection_sampler import RejectionSampler
+from worker_svc.sampled_wire import SampledTokensEncoder
 from worker_svc.sampler import Sampler, SamplerOutput
 from worker_svc.spec_decode_metadata import (
     SpecDecodeMetadata,
@@ -33,6 +34,7 @@ from worker_svc.spec_decode_metadata import (
     stage_draft_tokens,
 )
 from worker_svc.spec_decode_output import record_verified
+from worker_svc.staging import InputFence, host_buffer
 from worker_svc.validation import (
     InvalidStepError,
     StepLimits,
@@ -83,11 +85,14 @@ class ModelRunner:
         # Buffers sized once for the largest step; each step overwrites a prefix.
         max_tokens, max_reqs = config.max_num_batched_tokens, config.max_num_reqs
         self.arange_np = np.arange(max(max_tokens, max_reqs) + 1, dtype=np.int64)
-        self.positions_np = np.zeros(max_tokens, dtype=np.int64)  # [tokens]
-        self.positions = torch.from_numpy(self.positions_np)
-        self.input_ids = torch.zeros(max_tokens, dtype=torch.int32)  # [tokens]
-        self.query_start_loc_np = np.zeros(max_reqs + 1, dtype=np.int32)  # [reqs + 1]
-        self.seq_lens_np = np.zeros(max_reqs, dtype=np.int32)  # [reqs]
+        # Pinned on CUDA, for asynchronous copies fenced by input_fence (staging.py).
+        self.positions = host_buffer(max_tokens, torch.int64, self.device)  # [tokens]
+        self.positions_np = self.positions.numpy()
+        self.input_ids = host_buffer(max_tokens, torch.int32, self.device)  # [tokens]
+        self.query_start_loc_np = host_buffer(max_reqs + 1, torch.int32, self.device).numpy()
+        self.seq_lens_np = host_buffer(max_reqs, torch.int32, self.device).numpy()  # [reqs]
+        self.input_fence = InputFence(self.device)
+        self._sampled_encoder = SampledTokensEncoder()
 
 
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
@@ -96,6 +101,7 @@ class ModelRunner:
         validate_scheduler_output(so, self.requests, self.limits, not self.model.stage.is_last)
         if self.pooler is not None:
             self.pooler.begin_step(so)
+        self.input_fence.wait()  # the last step's copies have read the host buffers
         self._update_states(so)
         if so.total_num_scheduled_tokens == 0:
             return worker_pb2.ModelRunnerOutput()
@@ -103,6 +109,7 @@ class ModelRunner:
         num_tokens = so.total_num_scheduled_tokens
         with torch.inference_mode(), set_forward_context(metadata):
             hidden = self._run_stage(num_tokens)
+            self.input_fence.record()  # after the copies of this step's inputs
             if hidden is None:  # a stage before the last: its output went to the next stage
                 return worker_pb2.ModelRunnerOutput()
             if self.pooler is not None:  # a pooling model answers now and parks nothing
@@ -377,24 +384,27 @@ class ModelRunner:
     ) -> worker_pb2.ModelRunnerOutput:
         """Appends each kept token to its request and builds the reply; discarded rows get []."""
         batch = self.input_batch
-        tokens = sampled.sampled_token_ids.tolist()
+        tokens_np = sampled.sampled_token_ids.cpu().numpy()  # [reqs]
+        tokens = tokens_np.tolist()
+        discard = discard[: len(tokens)]
         out = worker_pb2.ModelRunnerOutput()
         req_ids = batch.req_ids[: batch.num_reqs]
         out.req_ids.extend(req_ids)  # type: ignore[arg-type]
+        out.MergeFromString(self._sampled_encoder.encode(tokens, discard.tolist()))
+        kept = np.flatnonzero(~discard)  # [kept rows]
+        states = batch.states
+        for row in kept.tolist():
+            states[row].output_token_ids.append(tokens[row])  # type: ignore[union-attr]
+        ends = batch.num_tokens_np[kept]
+        batch.token_ids_np[kept, ends] = tokens_np[kept]
+        batch.num_tokens_np[kept] = ends + 1
         logprobs = sampled.logprobs
+        if logprobs is None:
+            return out
         want_logprobs = [
             s is not None and s.sampling.HasField("logprobs") for s in batch.states[: len(tokens)]
         ]
-        for row, token in enumerate(tokens):
-            entry = out.sampled_token_ids.add()
-            if discard[row]:
-                continue
-            entry.ids.append(token)
-            state = batch.states[row]
-            assert state is not None
-            state.output_token_ids.append(token)
-            batch.append_token(row, token)
-        if logprobs is not None and any(want_logprobs):
+        if any(want_logprobs):
             ids, values, ranks = (
                 logprobs.token_ids.tolist(),
                 logprobs.logprobs.tolist(),

@@ -9,6 +9,7 @@ import dataclasses
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
+import numpy as np
 from batchwire.v1 import worker_pb2
 
 
@@ -115,7 +116,18 @@ def validate_scheduler_output(
         raise InvalidStepError(
             f"resumed_req_ids {sorted(resumed - set(cached.req_ids))} are not scheduled"
         )
-    for i, req_id in enumerate(cached.req_ids):
+    if not drafts and not appends_new_tokens and _cached_requests_valid(
+        cached, requests, finished, resumed, seen, limits
+    ):
+        # NOTE: the common steady decode step, checked in bulk. The loop below stays the
+        # reference: it runs whenever the bulk check finds anything amiss, so a refusal and its
+        # message are the same either way.
+        seen.update(cached.req_ids)
+        total += sum(cached.num_scheduled_tokens)
+        cached_done = True
+    else:
+        cached_done = False
+    for i, req_id in enumerate(() if cached_done else cached.req_ids):
         where = f"cached request {req_id!r}"
         _check_id(req_id, where, seen)
         state = requests.get(req_id)
@@ -169,6 +181,47 @@ def validate_scheduler_output(
         raise InvalidStepError(
             f"{len(seen)} requests scheduled, above max_num_reqs={limits.max_num_reqs}"
         )
+
+
+def _cached_requests_valid(
+    cached: worker_pb2.CachedRequestData,
+    requests: Mapping[str, _KnownRequest],
+    finished: set[str],
+    resumed: set[str],
+    seen: set[str],
+    limits: StepLimits,
+) -> bool:
+    """True when every cached request passes the per-request checks of the loop in
+    validate_scheduler_output (no drafts, no appended tokens), computed over whole arrays."""
+    ids = set(cached.req_ids)
+    n = len(cached.req_ids)
+    if len(ids) != n or "" in ids or not ids.isdisjoint(seen) or not ids.isdisjoint(finished):
+        return False
+    if not requests.keys() >= ids:
+        return False
+    if not n:
+        return True
+    states = [requests[r] for r in cached.req_ids]
+    num_tokens = np.fromiter((s.num_tokens for s in states), np.int64, n)  # [reqs]
+    held_blocks = np.fromiter((len(s.block_ids) for s in states), np.int64, n)  # [reqs]
+    new_blocks = cached.new_block_ids
+    num_new_blocks = np.fromiter((len(b.ids) for b in new_blocks), np.int64, n)  # [reqs]
+    if num_new_blocks.any():
+        added = [x for b in new_blocks for x in b.ids]
+        if not (0 < min(added) and max(added) < limits.num_blocks):
+            return False
+    computed = np.asarray(cached.num_computed_tokens, dtype=np.int64)  # [reqs]
+    scheduled = np.asarray(cached.num_scheduled_tokens, dtype=np.int64)  # [reqs]
+    needed = computed + scheduled
+    if computed.min() < 0 or scheduled.min() < 0 or (needed > num_tokens).any():
+        return False
+    if ((needed == num_tokens) & (num_tokens >= limits.max_model_len)).any():
+        return False  # it would sample past max_model_len
+    if resumed:
+        held_blocks[[r in resumed for r in cached.req_ids]] = 0
+    num_blocks = held_blocks + num_new_blocks
+    max_blocks = -(-limits.max_model_len // limits.block_size)
+    return not ((num_blocks * limits.block_size < needed) | (num_blocks > max_blocks)).any()
 
 
 def validate_grammar_output(

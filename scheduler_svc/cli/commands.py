@@ -100,6 +100,8 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     _option(g, "--seed", _DEFAULTS["seed"], "seeds requests that bring no seed", type=int)
     _flag(g, "--no-prefix-caching", "do not reuse the KV cache of shared prompt prefixes")
     _flag(g, "--no-chunked-prefill", "run every prompt in one step")
+    _flag(g, "--async-scheduling", "schedule each step while the worker computes the one "
+          "before (remote transports; not with speculative decoding)")
     _add_speculative_options(p)
 
 
@@ -198,6 +200,7 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         pooling_type=args.pooling_type, normalize=args.normalize,
         pipeline_parallel_size=args.pipeline_parallel_size,
         generation_config=args.generation_config,
+        async_scheduling=args.async_scheduling,
         **_speculative_config(args), **extra)
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-_CONTEXT_TOKENS = 5  # prompt tokens kept as left context for the first output token
+_CONTEXT_TOKENS = 5  # tokens kept as left context (the prompt's, for the first output token)
+_MAX_WINDOW = 16  # the decoded window is cut back to _CONTEXT_TOKENS beyond this
 _INCOMPLETE = "\ufffd"
 
 
@@ -33,6 +34,7 @@ class IncrementalDetokenizer:
         self._ids = list(prompt_token_ids[-_CONTEXT_TOKENS:])
         self._prefix_offset = 0  # window start: context for the tokens not yet turned into text
         self._read_offset = len(self._ids)  # tokens before this are already in self.text
+        self._prefix_text: str | None = None  # the text of ids[prefix:read], once decoded
         self.stop = tuple(stop)
         self.include_stop = include_stop_str_in_output
         # Text that may still turn out to be the start of a stop string is held back.
@@ -62,13 +64,21 @@ class IncrementalDetokenizer:
 
     def _decode_new(self, flush: bool) -> str:
         ids, prefix, read = self._ids, self._prefix_offset, self._read_offset
-        prefix_text = self._decode(ids[prefix:read], skip_special_tokens=self._skip_special)
+        prefix_text = self._prefix_text
+        if prefix_text is None:
+            prefix_text = self._prefix_text = self._decode(
+                ids[prefix:read], skip_special_tokens=self._skip_special)
         full_text = self._decode(ids[prefix:], skip_special_tokens=self._skip_special)
         if len(full_text) <= len(prefix_text) or (full_text.endswith(_INCOMPLETE) and not flush):
             return ""  # a character still waits for its remaining bytes (or nothing visible)
-        # Drop what no later window needs so the lists stay a few tokens long.
-        del ids[:read]
-        self._prefix_offset, self._read_offset = 0, len(ids)
+        # The whole window is text now and becomes the next step's left context, whose text is
+        # full_text: one decode per step, not two. Past _MAX_WINDOW tokens it is cut back to the
+        # last _CONTEXT_TOKENS, and that shorter context is decoded once, next step.
+        if len(ids) > _MAX_WINDOW:
+            del ids[: len(ids) - _CONTEXT_TOKENS]
+            self._prefix_offset, self._read_offset, self._prefix_text = 0, len(ids), None
+        else:
+            self._read_offset, self._prefix_text = len(ids), full_text
         return full_text[len(prefix_text):]
 
     def _find_stop(self, start: int) -> str | None:

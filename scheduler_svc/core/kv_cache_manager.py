@@ -75,9 +75,18 @@ class KVCacheManager:
         """Gives the request room for `num_new_tokens` more tokens after its computed ones
         (and after any prefix-cache hits). Returns the newly allocated blocks, or None when the
         pool is short, in which case nothing changed."""
-        hits = new_computed_blocks or []
         req_id = request.wire_id
         blocks = self.req_to_blocks.get(req_id)
+        if blocks is not None and not new_computed_blocks and not num_new_computed_tokens:
+            # The common decode step: the new tokens fit the request's last block, and no block
+            # became full (a full one must be cached below).
+            total = request.num_computed_tokens + num_new_tokens
+            if total <= len(blocks) * self.block_size and (
+                    not self.enable_prefix_caching
+                    or min(total, len(request.all_token_ids)) // self.block_size
+                    <= self._num_cached.get(req_id, 0)):
+                return []
+        hits = new_computed_blocks or []
         if blocks is None:
             blocks = self.req_to_blocks[req_id] = []
         total = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens

@@ -46,7 +46,7 @@ class Request:
         "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "block_hashes",
         "detokenizer", "stop_ids", "max_num_tokens", "num_cached_tokens", "grammar",
         "prompt_logprobs",
-        "pooling", "num_sent_tokens",
+        "pooling", "num_sent_tokens", "num_output_placeholders",
     )
 
     def __init__(
@@ -92,6 +92,9 @@ class Request:
         # Tokens the workers have been sent (prompt, then output): with pipeline stages, the
         # stages before the last learn each later token from the scheduler.
         self.num_sent_tokens = 0
+        # Async scheduling: tokens that steps already sent will sample for this request, not yet
+        # appended; schedule() counts them as if they were there.
+        self.num_output_placeholders = 0
         # A token outside stop_ids with fewer than max_num_tokens tokens cannot end the request:
         # the per-token test on the hot path, before the full stop rules.
         self.stop_ids = frozenset(sampling_params.stop_token_ids) | (

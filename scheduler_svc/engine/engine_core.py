@@ -5,6 +5,13 @@ runs, and if the logits were parked (the reply is None) ask for the sampled toke
 the requests. It is split into three calls so that the replicated engine can send every
 replica's forward pass before reading any result, with the step itself written once, here.
 
+With async scheduling the update of step N moves after the launch of step N+1: launch_step
+schedules N+1 (each request sampling in N counted one token ahead), reads N's reply and sends
+N+1's forward pass; apply_in_flight updates the requests from N's tokens while the worker runs
+N+1; sample_step builds N+1's grammar bitmask from matchers N's tokens advanced and asks for
+N+1's tokens, which the next step reads. The worker never has two calls pending: N's reply
+is read before N+1 is sent.
+
 The engine holds no model and makes no decision of its own. It keeps the one map from the
 client's request id to the request; below it, the scheduler knows requests by their wire id.
 """
@@ -36,6 +43,11 @@ class StepInFlight:
     forward: Future  # execute_model's reply: None (logits parked) or a ModelRunnerOutput
     sampled: Any = None  # sample_tokens' reply (a Future), or the forward pass's own output
 
+    def output(self) -> worker_pb2.ModelRunnerOutput:
+        if isinstance(self.sampled, Future):
+            self.sampled = self.sampled.result()
+        return self.sampled
+
 
 class EngineCore:
     """Not thread-safe: a server calls add_request, abort_requests and step from one thread."""
@@ -49,6 +61,8 @@ class EngineCore:
                                                       self.executor.output_rank)
         self.scheduler = scheduler_for(config, self.info, tokenizer)
         self.requests: dict[str, Request] = {}  # the client's request id -> unfinished request
+        self.async_scheduling = self.scheduler.async_scheduling
+        self.in_flight: StepInFlight | None = None  # async: sampled, its tokens not yet applied
 
 
     def add_request(self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
@@ -73,38 +87,53 @@ class EngineCore:
         self.requests.pop(request.request_id, None)
 
     def has_requests(self) -> bool:
-        return self.scheduler.has_requests()
+        return self.scheduler.has_requests() or self.in_flight is not None
 
 
     def step(self) -> list[EngineCoreOutput]:
         step = self.launch_step()
-        if step is None:
-            return []
+        outputs = self.apply_in_flight()
         self.sample_step(step)
-        return self.finish_step(step)
+        return outputs + self.finish_step(step)
 
     def launch_step(self) -> StepInFlight | None:
-        """Schedules and sends the forward pass; None when there is nothing to do."""
+        """Schedules and sends the forward pass; None when there is nothing to schedule."""
         if not self.scheduler.has_requests():
             return None
         so = self.scheduler.schedule()
+        if self.in_flight is not None:
+            self.in_flight.output()  # read before the next call: one call pending at a time
         return StepInFlight(so, self.executor.execute_model(so, non_block=True))
 
-    def sample_step(self, step: StepInFlight) -> None:
+    def apply_in_flight(self) -> list[EngineCoreOutput]:
+        """Async: updates the requests from the step before's tokens, while the worker runs the
+        step just launched; their outputs. Nothing to do without async scheduling."""
+        step, self.in_flight = self.in_flight, None
+        return [] if step is None else self._apply(step)
+
+    def sample_step(self, step: StepInFlight | None) -> None:
         """Builds the grammar bitmask while the forward pass runs, then, if the logits were
         parked, sends the second call."""
+        if step is None:
+            return
         grammar_output = self.scheduler.get_grammar_bitmask(step.so)
         model_output = step.forward.result()
         if model_output is None:
             model_output = self.executor.sample_tokens(grammar_output, non_block=True)
         step.sampled = model_output
 
-    def finish_step(self, step: StepInFlight) -> list[EngineCoreOutput]:
-        """Reads the sampled tokens and updates the requests: stop checks, text, freed blocks."""
-        model_output = step.sampled
-        if isinstance(model_output, Future):
-            model_output = model_output.result()
-        return self._forget_finished(self.scheduler.update_from_output(step.so, model_output))
+    def finish_step(self, step: StepInFlight | None) -> list[EngineCoreOutput]:
+        """Reads the sampled tokens and updates the requests: stop checks, text, freed blocks.
+        Async: the step stays in flight, applied by the next apply_in_flight."""
+        if step is None:
+            return []
+        if self.async_scheduling:
+            self.in_flight = step
+            return []
+        return self._apply(step)
+
+    def _apply(self, step: StepInFlight) -> list[EngineCoreOutput]:
+        return self._forget_finished(self.scheduler.update_from_output(step.so, step.output()))
 
     def shutdown(self) -> None:
         self.executor.shutdown()
@@ -136,9 +165,14 @@ def scheduler_for(config: SchedulerConfig, info: worker_pb2.WorkerInfo,
     task = info.task or "generate"
     if config.enable_prefix_caching and not prefix_caching_allowed(task, info.pooling_type):
         config = dataclasses.replace(config, enable_prefix_caching=False)
+    # Async scheduling needs a worker that holds what it sampled: pipeline stages before the
+    # last learn each token from the scheduler, and a pooling step samples nothing.
+    async_scheduling = (config.async_scheduling and task == "generate"
+                        and info.pipeline_parallel_size <= 1)
     return Scheduler(config, num_blocks=info.num_blocks, block_size=info.block_size,
                      vocab_size=info.vocab_size, eos_token_ids=eos,
                      max_model_len=info.max_model_len or None,
                      max_num_seqs=info.max_num_reqs or None, tokenizer=tokenizer, task=task,
                      hidden_size=info.hidden_size,
-                     send_new_tokens=info.pipeline_parallel_size > 1)
+                     send_new_tokens=info.pipeline_parallel_size > 1,
+                     async_scheduling=async_scheduling)

@@ -156,7 +156,7 @@ class ReplicatedEngine:
         outputs = self.apply_commands()
         # A group whose watcher noticed a failure between steps goes before it is sent anything.
         failed = [r for r in self.replicas if r.failed]
-        launched: list[tuple[Replica, StepInFlight]] = []
+        launched: list[tuple[Replica, StepInFlight | None]] = []
         for replica in self.replicas:
             if replica in failed:
                 continue
@@ -165,10 +165,17 @@ class ReplicatedEngine:
             except WorkerUnavailableError as e:
                 failed.append(self._log_failure(replica, e))
                 continue
-            if step is not None:
+            if step is not None or replica.core.in_flight is not None:
                 launched.append((replica, step))
+        applied = []
+        for replica, step in launched:  # async: the step before's tokens, while these run
+            try:
+                outputs += replica.core.apply_in_flight()
+                applied.append((replica, step))
+            except WorkerUnavailableError as e:
+                failed.append(self._log_failure(replica, e))
         sampled = []
-        for replica, step in launched:
+        for replica, step in applied:
             try:
                 replica.core.sample_step(step)
                 sampled.append((replica, step))

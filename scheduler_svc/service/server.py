@@ -181,10 +181,12 @@ def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine,
         generation_config=generation, weights=describe_weights(core.config.model, info.dtype))
 
 
-async def warm_up(engine: AsyncEngine, tokenizer: Any, task: str = "generate") -> None:
+async def warm_up(engine: AsyncEngine, tokenizer: Any, task: str = "generate",
+                  vocab_size: int | None = None) -> None:
     """One short request through every stage: scheduler, worker, sampler (or pooler),
     detokenizer."""
-    ids = list(tokenizer("Hello").input_ids) or [0]
+    ids = [i for i in tokenizer("Hello").input_ids if vocab_size is None or i < vocab_size]
+    ids = ids or [0]
     pooling = PoolingParams() if task == "embed" else None
     stream = await engine.add_request("warm-up", ids, SamplingParams(temperature=0, max_tokens=2),
                                       pooling=pooling)
@@ -270,7 +272,7 @@ class SchedulerServer:
             await self._drain()
             return 0
         model = describe(core, tokenizer, self.engine, self._generation)
-        await warm_up(self.engine, tokenizer, model.task)
+        await warm_up(self.engine, tokenizer, model.task, model.vocab_size)
         self.engine.observer = self.metrics
         self.metrics.model_name = model.model_name
         self.servicer.attach(model)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("throughput", "serve", "step", "prefix", "spec")
+NAMES = ("throughput", "serve", "step", "prefix", "spec", "overhead")
 
 
 def test_bench_all_quick(tmp_path: Path) -> None:
@@ -69,3 +69,11 @@ def test_bench_all_quick(tmp_path: Path) -> None:
     assert 0 <= spec["results"]["4 streams, K=2"]["acceptance"]["median"] <= 1
     assert spec["w64"]["K=4"]["median"] > 0 and spec["w64"]["off"]["median"] > 0
     assert all(v["off"] > 0 and v["on"] > 0 for v in spec["scheduler_step_ms"].values())
+
+    overhead = results["overhead"]
+    assert overhead["step_ms"]["uni, 16"]["median"] > 0
+    assert overhead["bare_forward_ms"]["16"]["median"] > 0
+    assert overhead["ratios"]["uni, 16: step / bare forward"] > 0
+    uni_parts = overhead["parts"]["uni, 16"]
+    assert uni_parts["forward"] > 0 and uni_parts["schedule()"] > 0
+    assert uni_parts["detokenization"] > 0  # the model's ids decode with the default tokenizer

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from scheduler_svc.core.detokenizer import IncrementalDetokenizer
@@ -136,3 +138,17 @@ def test_earliest_stop_string_wins():
     detok = IncrementalDetokenizer(ByteTokenizer(PIECES), [OK], ["OPy", "STO"])
     _, stop = stream(detok, [ABC, XS, TOPY], finish_last=False)
     assert stop == "STO" and detok.text == "abcx"
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_streamed_text_is_the_decode_of_the_whole_output(default_tokenizer, seed):
+    """Long runs (past the detokenizer's window cut) of ids that split multi-byte characters,
+    streamed one token a step, add up to the tokenizer's decode of the whole output."""
+    rng = random.Random(seed)
+    text = "héllo wörld — ünïcode 日本語の文章 🙂 emoji ok. " * 4
+    ids = default_tokenizer(text).input_ids + [rng.randrange(100, 49000) for _ in range(60)]
+    prompt = default_tokenizer("Say something:").input_ids
+    detok = IncrementalDetokenizer(default_tokenizer, prompt)
+    streamed = "".join(detok.update([t], finished=i == len(ids) - 1)[0]
+                       for i, t in enumerate(ids))
+    assert streamed == default_tokenizer.decode(ids, skip_special_tokens=True)

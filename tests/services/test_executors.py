@@ -47,10 +47,12 @@ def uni_tokens(tiny_llama) -> dict[str, list[int]]:
         engine.shutdown()
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 @pytest.mark.parametrize("backend", ["grpc", "zmq"])
-def test_same_tokens_in_process_and_over_the_wire(backend, shared_worker, tiny_llama, uni_tokens):
+def test_same_tokens_in_process_and_over_the_wire(backend, async_scheduling, shared_worker,
+                                                   tiny_llama, uni_tokens):
     config = scheduler_config(tiny_llama, backend, (shared_worker.address(backend),),
-                              long_prefill_token_threshold=48)
+                              long_prefill_token_threshold=48, async_scheduling=async_scheduling)
     assert Executor.get_class(config) is EXECUTORS[backend]
     engine = EngineCore(config)
     try:

@@ -93,11 +93,14 @@ def test_replicas_share_the_load_with_the_same_tokens(start_worker, tiny_llama, 
         engine.shutdown()
 
 
-@pytest.mark.parametrize("backend", ["zmq", "grpc"])
-def test_killed_replica_requests_move_and_finish_unchanged(backend, start_worker, tiny_llama,
-                                                           reference):
+@pytest.mark.parametrize("backend, async_scheduling",
+                         [("zmq", False), ("grpc", False), ("zmq", True), ("grpc", True)],
+                         ids=["zmq", "grpc", "zmq-async", "grpc-async"])
+def test_killed_replica_requests_move_and_finish_unchanged(backend, async_scheduling,
+                                                           start_worker, tiny_llama, reference):
     workers = start_workers(start_worker, 2)
-    config = scheduler_config(tiny_llama, backend, tuple(w.address(backend) for w in workers))
+    config = scheduler_config(tiny_llama, backend, tuple(w.address(backend) for w in workers),
+                              async_scheduling=async_scheduling)
     engine = ReplicatedEngine(config)
     try:
         for i, (prompt, max_tokens) in enumerate(WORKLOAD):

@@ -1,0 +1,226 @@
+"""`batchwire bench overhead`: the engine's own time per decode step. The whole engine drives a
+model whose forward pass costs almost nothing (1 layer, hidden 64, vocabulary 512, random
+weights, the default tokenizer: benchmarks/tiny_model.py), so what a step costs is the engine:
+the offline engine on each transport (uni, zmq, grpc) and a `batchwire serve` process driven over
+the client gRPC API (its step read as the clients' inter-token latency). Next to it, measured in
+the same run, the bare transformers decode step of the same model and batch. Where the time goes
+comes from one extra run with a timer around each part (not one of the timed runs). --model is
+ignored: the near-zero-cost model is the point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from batchwire.benchmarks.load_generator import generate_load
+from batchwire.benchmarks.machine import machine_info
+from batchwire.benchmarks.overhead_parts import PARTS, profile_parts
+from batchwire.benchmarks.report import Report, bars, fmt, spread
+from batchwire.benchmarks.serve_process import ServeProcess
+from batchwire.benchmarks.step_profile import Splits
+from batchwire.benchmarks.tiny_model import tiny_model
+
+from scheduler_svc.core.sampling_params import SamplingParams
+
+VOCAB = 512
+ENGINE_TRANSPORTS = ("uni", "zmq", "grpc")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--num-reqs", default="64,256", help="decoding requests, comma list "
+                   "(default: %(default)s)")
+    p.add_argument("--steps", type=int, default=100, help="timed decode steps per repeat")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--cases", default="uni,zmq,grpc,serve uni,serve zmq",
+                   help="engine transports (`zmq async`: with async scheduling, whatever "
+                   "--async-scheduling says) and `serve <transport>` processes, comma list "
+                   "(default: %(default)s)")
+    # float32: on a CPU without AMX, bfloat16 makes even this model's matmuls the bottleneck.
+    p.set_defaults(dtype="float32")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
+                   help="the engines' setting (default: theirs; serve gets the flag when on)")
+
+
+def quick(args: argparse.Namespace) -> None:
+    args.num_reqs, args.steps, args.cases = "16", 8, "uni"
+
+
+def run(args: argparse.Namespace) -> None:
+    model = tiny_model(Path(args.results) / ".overhead-model", num_layers=1, vocab_size=VOCAB)
+    sizes = [int(n) for n in args.num_reqs.split(",")]
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    step_ms: dict[str, dict[str, Any]] = {}  # "<case>, <n>" -> spread of ms per step
+    parts: dict[str, dict[str, float]] = {}  # "<case>, <n>" -> ms per step of each part
+    floor_ms: dict[int, dict[str, Any]] = {}
+    for n in sizes:
+        floor_ms[n] = spread(bare_forward_ms(model, n, args.prompt_len, args.steps,
+                                             args.repeats, args.dtype))
+        runs = measure_engines(model, n, args,
+                               [c for c in cases if c.split()[0] in ENGINE_TRANSPORTS], parts)
+        for case in cases:
+            if case.startswith("serve "):
+                runs[case] = measure_serve(model, n, args, case.split()[1])
+        for case, case_ms in runs.items():
+            step_ms[f"{case}, {n}"] = spread(case_ms)
+
+    report = Report("overhead", machine_info(args.dtype), vars(args))
+    rows, ratios = [], {}
+    for key, s in step_ms.items():
+        n = int(key.rsplit(", ", 1)[1])
+        ratio = s["median"] / floor_ms[n]["median"]
+        ratios[f"{key}: step / bare forward"] = ratio
+        rows.append([key, fmt(s, 2), f"{1e3 * s['median'] / n:.1f}", f"{ratio:.2f}"])
+    for n, s in floor_ms.items():
+        rows.append([f"bare transformers forward + argmax, {n}", fmt(s, 2),
+                     f"{1e3 * s['median'] / n:.1f}", "1.00"])
+    report.table(f"a decode step on a near-zero-cost model (1 layer, hidden 64, vocab {VOCAB}), "
+                 f"prompts of {args.prompt_len}: median [min-max] of {args.repeats} repeats of "
+                 f"{args.steps} steps", ["case, requests", "ms/step", "us/request/step",
+                                         "x bare forward"], rows,
+                 note="serve: the median inter-token latency its clients saw; the machine may "
+                 "be shared and loaded (see the load average)")
+    for key, ms in parts.items():
+        total = sum(ms.values())
+        report.table(f"where the time goes, {key} (one profiled run, ms per step)",
+                     ["part", "ms/step", "share"],
+                     [[p, f"{v:.3f}", f"{100 * v / total:.0f}%"] for p, v in ms.items()],
+                     note="; ".join(f"{p}: {PARTS[p]}" for p in ms))
+    report.data.update(step_ms=step_ms, bare_forward_ms={str(n): s for n, s in floor_ms.items()},
+                       parts=parts, ratios=ratios)
+    report.save(args.results, lambda fig: _draw(fig, step_ms, floor_ms))
+
+
+def prompts(n: int, prompt_len: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, VOCAB) for _ in range(prompt_len)] for _ in range(n)]
+
+
+def engine_settings(n: int, prompt_len: int, max_tokens: int) -> dict[str, Any]:
+    """One step prefills every prompt; the pool holds every request whole."""
+    return dict(max_num_seqs=n, max_num_batched_tokens=max(n * prompt_len, 2048),
+                max_model_len=prompt_len + max_tokens + 16, kv_cache_memory_bytes=64 << 20,
+                enable_prefix_caching=False)
+
+
+def measure_engines(model: str, n: int, args: argparse.Namespace, transports: list[str],
+                    parts: dict[str, dict[str, float]]) -> dict[str, list[float]]:
+    """ms per decode step of each transport, one figure per repeat (the transports take turns);
+    fills parts["<transport>, <n>"] from one extra, profiled run on each."""
+    from scheduler_svc.engine.llm import LLM
+
+    warmup = 4
+    max_tokens = warmup + args.steps + 4
+    default = {} if args.async_scheduling is None else {"async_scheduling": args.async_scheduling}
+    engines = {t: LLM(model, dtype=args.dtype, executor_backend=t.split()[0],
+                      **({"async_scheduling": True} if t.endswith(" async") else default),
+                      **engine_settings(n, args.prompt_len, max_tokens)) for t in transports}
+    runs: dict[str, list[float]] = {t: [] for t in transports}
+    try:
+        for _ in range(args.repeats):
+            for t, llm in engines.items():
+                runs[t].append(statistics.median(decode_steps(llm.engine, n, args, warmup)))
+        for t, llm in engines.items():
+            def profiled(splits: Splits, engine: Any = llm.engine) -> list[float]:
+                return decode_steps(engine, n, args, warmup, splits)
+
+            parts[f"{t}, {n}"] = profile_parts(llm.engine, profiled)
+    finally:
+        for llm in engines.values():
+            llm.shutdown()
+    return runs
+
+
+def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
+                 splits: Splits | None = None) -> list[float]:
+    """Adds n requests, runs their prefill and `warmup` steps, then times args.steps decode
+    steps one by one (ms each), with the splits' timers on; aborts what is left."""
+    params = SamplingParams(temperature=0, max_tokens=warmup + args.steps + 4, ignore_eos=True)
+    ids = [f"overhead-{time.monotonic_ns()}-{i}" for i in range(n)]
+    for request_id, prompt in zip(ids, prompts(n, args.prompt_len), strict=True):
+        engine.add_request(prompt, params, request_id=request_id)
+    started: set[str] = set()
+    while len(started) < n:  # prefill: every request has its first token
+        started.update(o.request_id for o in engine.step() if o.new_token_ids)
+    for _ in range(warmup):
+        engine.step()
+    times = []
+    if splits is not None:
+        splits.enabled = True
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        engine.step()
+        times.append(1e3 * (time.perf_counter() - t0))
+    if splits is not None:
+        splits.enabled = False
+    engine.abort_requests(ids)
+    while engine.has_requests():
+        engine.step()
+    return times
+
+
+def measure_serve(model: str, n: int, args: argparse.Namespace, transport: str) -> list[float]:
+    """The clients' median inter-token latency (ms) of n streams decoding together, a figure per
+    repeat, against `batchwire serve --transport <transport>`."""
+    max_tokens = args.steps + 8
+    settings = engine_settings(n, args.prompt_len, max_tokens)
+    server = ServeProcess(
+        "--model", model, "--dtype", args.dtype, "--transport", transport,
+        "--max-num-seqs", str(n), "--max-num-batched-tokens",
+        str(settings["max_num_batched_tokens"]), "--max-model-len", str(settings["max_model_len"]),
+        "--kv-cache-memory", "64M", "--no-prefix-caching",
+        *(["--async-scheduling"] if args.async_scheduling else []))
+    runs = []
+    try:
+        generate_load(server.address, [(prompts(2, args.prompt_len, -1)[0], 4)] * 2,
+                      float("inf"), 2, desc="warm-up")
+        for repeat in range(args.repeats):
+            workload = [(p, max_tokens) for p in prompts(n, args.prompt_len, seed=repeat)]
+            records, _ = generate_load(server.address, workload, float("inf"), n,
+                                       desc=f"serve {transport}, {n} streams")
+            failed = [r.error for r in records if r.error or r.num_output_tokens != max_tokens]
+            assert not failed, f"serve {transport}: {len(failed)} streams failed: {failed[:2]}"
+            # The steady part: every stream past its first few tokens, none finishing yet.
+            gaps = [b - a for r in records for a, b in zip(r.chunk_times[4:-4],
+                                                           r.chunk_times[5:-3], strict=True)]
+            runs.append(1e3 * statistics.median(gaps))
+    finally:
+        server.stop()
+    return runs
+
+
+def bare_forward_ms(model: str, n: int, prompt_len: int, steps: int, repeats: int,
+                    dtype: str) -> list[float]:
+    """The floor: transformers' decode step of the same model and batch (a KV cache, one token
+    per request, argmax), ms per step, the median of `steps` steps per repeat."""
+    import torch
+    import transformers
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(model, dtype=getattr(torch, dtype))
+    hf.eval()
+    runs = []
+    with torch.inference_mode():
+        for _ in range(repeats):
+            ids = torch.tensor(prompts(n, prompt_len))
+            out = hf(input_ids=ids, use_cache=True)
+            cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+            times = []
+            for _ in range(steps + 4):
+                t0 = time.perf_counter()
+                out = hf(input_ids=token, past_key_values=cache, use_cache=True)
+                cache, token = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
+                times.append(1e3 * (time.perf_counter() - t0))
+            runs.append(statistics.median(times[4:]))
+    return runs
+
+
+def _draw(fig: Any, step_ms: dict[str, dict], floor_ms: dict[int, dict]) -> None:
+    ax = fig.add_subplot(1, 1, 1)
+    labels = list(step_ms) + [f"transformers forward, {n}" for n in floor_ms]
+    bars(ax, labels, [*step_ms.values(), *floor_ms.values()], "ms per decode step")
+    ax.set_title("the engine's time per step on a near-zero-cost model (median, min-max)",
+                 fontsize=9)

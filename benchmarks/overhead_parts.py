@@ -1,0 +1,63 @@
+"""Where an engine's decode step goes, part by part: timers around the scheduler's calls, the
+detokenizer and, with the in-process worker, each part of the worker's step. Timers add a few
+microseconds per call, so this run is not one of the timed ones."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from batchwire.benchmarks.step_profile import Splits
+
+from scheduler_svc.core.detokenizer import IncrementalDetokenizer
+
+# Part -> what it holds, for the reader of the table.
+PARTS = {
+    "schedule()": "the scheduler's decision and the SchedulerOutput it builds",
+    "output processing": "update_from_output less detokenization: tokens appended, stop checks",
+    "detokenization": "the incremental detokenizer, stop strings",
+    "validation": "the worker's checks of the SchedulerOutput",
+    "runner inputs": "_update_states (persistent batch) and _prepare_inputs",
+    "forward": "the model and its LM head",
+    "sampling": "the sampler",
+    "output recording": "the worker's recording of the sampled tokens and its reply",
+    "engine loop, other": "the rest of EngineCore.step: the executor call, Python",
+    "transport and worker": "the rest of the step with a remote worker: the wire, the worker's "
+                            "whole step, the engine loop",
+}
+
+
+def profile_parts(engine: Any, run: Callable[[Splits], list[float]]) -> dict[str, float]:
+    """ms per step of each part over the timed steps of run(splits), which turns the timers on
+    (splits.enabled) around its timed steps only and returns their times (ms)."""
+    import worker_svc.model_runner as model_runner_module
+
+    scheduler = engine.scheduler
+    splits = Splits()
+    splits.enabled = False
+    splits.wrap(scheduler, "schedule", "schedule()")
+    splits.wrap(scheduler, "update_from_output", "output processing")
+    splits.wrap(IncrementalDetokenizer, "update", "detokenization")
+    worker = getattr(engine.executor, "worker", None)
+    if worker is not None:  # the in-process worker: its parts too
+        runner = worker.runner
+        splits.wrap(model_runner_module, "validate_scheduler_output", "validation")
+        splits.wrap(runner, "_update_states", "runner inputs")
+        splits.wrap(runner, "_prepare_inputs", "runner inputs")
+        splits.wrap(runner.model, "forward", "forward")
+        splits.wrap(runner.model, "compute_logits", "forward")
+        splits.wrap(runner, "sampler", "sampling")
+        splits.wrap(runner, "_record_sampled", "output recording")
+    try:
+        t0 = time.perf_counter()
+        times = run(splits)
+        assert times, f"no timed step ({time.perf_counter() - t0:.1f} s)"
+    finally:
+        splits.undo()
+    seconds = dict(splits.seconds)
+    seconds["output processing"] -= seconds.get("detokenization", 0.0)  # it runs inside
+    ms = {p: 1e3 * seconds[p] / len(times) for p in PARTS if p in seconds}
+    rest = "engine loop, other" if worker is not None else "transport and worker"
+    ms[rest] = sum(times) / len(times) - sum(ms.values())
+    return ms

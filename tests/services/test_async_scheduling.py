@@ -1,0 +1,154 @@
+"""Async scheduling gives every client exactly what the synchronous engine gives, over uni, zmq and
+grpc: requests stopping mid-run by EOS, a stop token, a stop string and max_tokens, greedy and
+seeded, one aborted mid-run, and (in process, with a small KV pool) preemptions. No extra token
+reaches any client: the token computed for a request the step before stopped is dropped."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.engine.engine_core import EngineCore
+
+from .conftest import scheduler_config
+
+EOS = 2  # the default tokenizer's <|im_end|>, which the engine stops on
+PROMPTS = [[(31 * i + 7 * j) % 500 + 3 for j in range(5 + 9 * i)] for i in range(7)]
+ABORTED, ABORT_AFTER = "r6", 6  # aborted after this many engine steps
+
+
+def free_run(model: str, tokenizer) -> dict[str, tuple[list[int], str]]:
+    """What each prompt generates with nothing stopping it (greedy, then seeded for r4)."""
+    engine = EngineCore(scheduler_config(model), tokenizer=tokenizer)
+    try:
+        params = [_free(i) for i in range(len(PROMPTS))]
+        return {r: (o.token_ids, o.text) for r, o in _run(engine, params).items()}
+    finally:
+        engine.shutdown()
+
+
+def _free(i: int) -> SamplingParams:
+    if i == 4:
+        return SamplingParams(temperature=0.8, seed=7, max_tokens=30, ignore_eos=True)
+    return SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+
+
+def stopping_params(free: dict[str, tuple[list[int], str]]) -> list[SamplingParams]:
+    """Each request stops mid-run, each in its own way (chosen from its free run)."""
+    tokens = {r: t for r, (t, _) in free.items()}
+    text = free["r2"][1]
+    return [
+        SamplingParams(temperature=0, max_tokens=30, stop_token_ids=[tokens["r0"][8]]),
+        # EOS forced once min_tokens lets it through: logit_bias makes it the greedy choice.
+        SamplingParams(temperature=0, max_tokens=30, min_tokens=11, logit_bias={EOS: 100.0}),
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True,
+                       stop=[text[len(text) // 2:len(text) // 2 + 2]]),
+        SamplingParams(temperature=0, max_tokens=9, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=7, max_tokens=30, ignore_eos=True,
+                       stop_token_ids=[tokens["r4"][12]]),
+        SamplingParams(temperature=0, max_tokens=25, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),  # aborted
+    ]
+
+
+class Client:
+    """What one client saw: its deltas in order, and that nothing came after its last one."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self.num_output_tokens = 0
+
+    def take(self, out) -> None:
+        assert self.finish_reason is None, f"{out.request_id}: an output after its last one"
+        self.token_ids += out.new_token_ids
+        self.text += out.new_text
+        self.num_output_tokens = out.num_output_tokens
+        if out.finished:
+            self.finish_reason = out.finish_reason
+
+
+def _run(engine: EngineCore, params: list[SamplingParams], abort: bool = False):
+    clients = {f"r{i}": Client() for i in range(len(params))}
+    for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+        engine.add_request(prompt, p, request_id=f"r{i}")
+    steps = 0
+    while engine.has_requests():
+        for out in engine.step():
+            clients[out.request_id].take(out)
+        steps += 1
+        if abort and steps == ABORT_AFTER:
+            for out in engine.abort_requests([ABORTED]):
+                clients[out.request_id].take(out)
+    for c in clients.values():
+        assert c.num_output_tokens == len(c.token_ids)  # the counts say what was streamed
+    return clients
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama, default_tokenizer):
+    free = free_run(tiny_llama, default_tokenizer)
+    params = stopping_params(free)
+    engine = EngineCore(scheduler_config(tiny_llama), tokenizer=default_tokenizer)
+    try:
+        clients = _run(engine, params)
+    finally:
+        engine.shutdown()
+    reasons = {r: c.finish_reason for r, c in clients.items()}
+    assert reasons == {"r0": "stop", "r1": "stop", "r2": "stop", "r3": "length", "r4": "stop",
+                       "r5": "length", "r6": "length"}
+    for r in ("r0", "r1", "r2", "r4"):  # mid-run: well before max_tokens
+        assert 3 < len(clients[r].token_ids) < 29, (r, clients[r].token_ids)
+    assert clients["r1"].token_ids[-1] == EOS and len(clients["r1"].token_ids) == 12
+    return params, clients
+
+
+@pytest.mark.parametrize("backend", ["uni", "zmq", "grpc"])
+def test_async_scheduling_gives_every_client_the_synchronous_output(
+        backend, shared_worker, tiny_llama, default_tokenizer, reference):
+    params, expected = reference
+    addresses = () if backend == "uni" else (shared_worker.address(backend),)
+    config = scheduler_config(tiny_llama, backend, addresses, async_scheduling=True)
+    engine = EngineCore(config, tokenizer=default_tokenizer)
+    try:
+        assert engine.async_scheduling
+        clients = _run(engine, params, abort=True)
+        assert not engine.scheduler.requests and not engine.has_requests()
+    finally:
+        engine.shutdown()
+    for r, want in expected.items():
+        got = clients[r]
+        if r == ABORTED:
+            assert got.finish_reason == "abort"
+            assert 0 < len(got.token_ids) < len(want.token_ids)
+            assert got.token_ids == want.token_ids[:len(got.token_ids)]
+            continue
+        assert (got.token_ids, got.text, got.finish_reason) == (
+            want.token_ids, want.text, want.finish_reason), r
+
+
+def test_async_scheduling_survives_preemption(tiny_llama, default_tokenizer, reference):
+    """A KV pool too small for every request at once: requests are preempted, some while a
+    step of theirs is in flight, and still end with the synchronous engine's output."""
+    params, expected = reference
+    small = dict(kv_cache_memory_bytes=12 * 16 * 512, max_model_len=96)
+    outputs = {}
+    for async_scheduling in (False, True):
+        config = scheduler_config(tiny_llama, async_scheduling=async_scheduling, **small)
+        engine = EngineCore(config, tokenizer=default_tokenizer)
+        try:
+            outputs[async_scheduling] = _run(engine, params)
+            assert engine.scheduler.stats.num_preemptions > 0
+            engine.scheduler.kv.check_invariants()
+        finally:
+            engine.shutdown()
+    for r, want in expected.items():
+        for got in outputs.values():
+            assert (got[r].token_ids, got[r].text, got[r].finish_reason) == (
+                want.token_ids, want.text, want.finish_reason), r
+
+
+def test_async_scheduling_refuses_speculative_decoding(tiny_llama):
+    with pytest.raises(ValueError, match="async_scheduling does not combine"):
+        scheduler_config(tiny_llama, async_scheduling=True, speculative_method="ngram")
