@@ -22,7 +22,8 @@ class ServeProcess:
         folder = Path(tempfile.mkdtemp(prefix="bw-bench-serve-"))
         ready, self.log_path = folder / "ready.json", folder / "server.log"
         cmd = [sys.executable, "-m", "scheduler_svc.cli", "serve", "--host", "127.0.0.1",
-               "--port", "0", "--metrics-port", "0", "--ready-file", str(ready), "--no-progress",
+               "--port", "0", "--metrics-port", "0", "--http-port", "0", "--ready-file",
+               str(ready), "--no-progress",
                *serve_args]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
