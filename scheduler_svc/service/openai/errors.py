@@ -69,7 +69,8 @@ def renamed(error: InvalidRequestError, names: Mapping[str, str]) -> InvalidRequ
     """The admission path's error, naming the HTTP field: the `sampling.` prefix goes, and the
     leading name is looked up in names (the request's own spelling), e.g. `logprobs` ->
     `top_logprobs` in a chat request."""
-    field = error.field.removeprefix("sampling.")
+    # "token_ids (prompt)": the engine's own name in brackets means nothing to an HTTP client.
+    field = error.field.removeprefix("sampling.").split(" (")[0]
     match = _LEADING_NAME.match(field)
     if match:
         field = names.get(match.group(), match.group()) + field[match.end():]
