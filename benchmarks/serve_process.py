@@ -38,7 +38,9 @@ class ServeProcess:
         while not ready.exists():
             self._check(deadline)
             time.sleep(0.1)
-        address = f"127.0.0.1:{json.loads(ready.read_text())['port']}"
+        info = json.loads(ready.read_text())
+        address = f"127.0.0.1:{info['port']}"
+        self.http_url = f"http://127.0.0.1:{info['http_port']}"  # the OpenAI-compatible API
         with grpc.insecure_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             serving = health_pb2.HealthCheckResponse.SERVING

@@ -342,7 +342,7 @@ class SchedulerServer:
         keys = ApiKeys.from_file(cfg.api_key_file) if cfg.api_key_file else None
         context = FrontContext(self.servicer, self.health, self.metrics.registry, version(),
                                cfg.served_model_names, keys)
-        self.http = HttpFront(context, cfg.host, cfg.http_port or 0)
+        self.http = HttpFront(context, cfg.host, cfg.http_port or 0, cfg.tls)
         await self.http.start()
 
     def _install_signal_handlers(self) -> None:

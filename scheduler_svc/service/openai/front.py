@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 from typing import Any
 
 import uvicorn
 
 from scheduler_svc.service.openai.app import build_app
 from scheduler_svc.service.openai.context import FrontContext
+from scheduler_svc.service.security import ServerTls
 
 logger = logging.getLogger(__name__)
 
@@ -34,13 +36,21 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 class HttpFront:
-    def __init__(self, context: FrontContext, host: str, port: int) -> None:
+    def __init__(self, context: FrontContext, host: str, port: int,
+                 tls: ServerTls | None = None) -> None:
         self.context = context
         self.socket = bind(host, port)
         self.port: int = self.socket.getsockname()[1]
+        # The gRPC port's certificate (and client CA) serve HTTPS too: with --tls-cert no
+        # client API is left in plaintext.
+        certs: dict[str, Any] = {}
+        if tls is not None:
+            certs = dict(ssl_certfile=tls.cert_file, ssl_keyfile=tls.key_file)
+            if tls.client_ca_file is not None:
+                certs.update(ssl_ca_certs=tls.client_ca_file, ssl_cert_reqs=ssl.CERT_REQUIRED)
         # log_config=None: the process's logging as configured, uvicorn's loggers propagating.
         config = uvicorn.Config(build_app(context), lifespan="off", access_log=False,
-                                log_config=None,
+                                log_config=None, **certs,
                                 log_level=logging.getLogger().getEffectiveLevel(),
                                 timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_S),
                                 date_header=False, server_header=False)
