@@ -130,3 +130,31 @@ def test_keys_and_no_worker(keyed_scheduler):
     with pytest.raises(openai.InternalServerError) as e:
         keyed.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     assert e.value.status_code == 503 and e.value.body["type"] == "service_unavailable_error"
+
+
+def test_https_with_the_grpc_ports_certificate(tmp_path):
+    """With --tls-cert the HTTP API speaks TLS too, with the same certificate: no client API is
+    left in plaintext."""
+    import ssl
+
+    from tests.deploy.certs import make_ca, make_cert
+
+    ca = make_ca()
+    (tmp_path / "ca.crt").write_bytes(ca.cert)
+    cert, key = make_cert(ca, "scheduler", ("localhost", "127.0.0.1")).write(tmp_path, "server")
+    ready = tmp_path / "ready.json"
+    process = Process(
+        [sys.executable, "-m", "scheduler_svc.cli", "scheduler", "--host", "127.0.0.1",
+         "--port", "0", "--metrics-port", "0", "--http-port", "0", "--tls-cert", cert,
+         "--tls-key", key, "--ready-file", str(ready), "--no-progress"], ready, tmp_path / "log")
+    try:
+        port = process.wait_ready()["http_port"]
+        context = ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+        with pytest.raises(urllib.error.HTTPError) as e:  # TLS up; no worker yet: 503
+            urllib.request.urlopen(f"https://127.0.0.1:{port}/health", timeout=10,
+                                   context=context)
+        assert e.value.code == 503
+        with pytest.raises((urllib.error.URLError, ConnectionError)):  # plaintext: refused
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10)
+    finally:
+        process.stop(grace_s=2)
