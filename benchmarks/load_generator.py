@@ -1,5 +1,6 @@
-"""A load generator over the client gRPC API: requests arrive as a Poisson process at a given rate
-(all at once for rate inf), at most max_concurrency in flight, each stream timed as it arrives."""
+"""A load generator over the client gRPC API or the OpenAI-compatible HTTP API (openai_load.py):
+requests arrive as a Poisson process at a given rate (all at once for rate inf), at most
+max_concurrency in flight, each stream timed as it arrives."""
 
 from __future__ import annotations
 
@@ -40,16 +41,23 @@ async def _one(stub, prompt: list[int], max_tokens: int, record: RequestRecord) 
 
 
 async def _run(address: str, workload: Workload, rate: float, max_concurrency: int,
-               seed: int, desc: str) -> tuple[list[RequestRecord], float]:
+               seed: int, desc: str, api: str) -> tuple[list[RequestRecord], float]:
+    from benchmarks import openai_load
+
     rng = random.Random(seed)
     slots = asyncio.Semaphore(max_concurrency)
     records = [RequestRecord(len(p)) for p, _ in workload]
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = generate_pb2_grpc.GenerationStub(channel)
+    openai = api == "openai"
+    async with (openai_load.session() if openai else grpc.aio.insecure_channel(address)) as c:
+        stub = None if openai else generate_pb2_grpc.GenerationStub(c)
         with tqdm(total=len(workload), desc=desc, unit="req") as bar:
             async def send(i: int) -> None:
                 async with slots:
-                    await _one(stub, workload[i][0], workload[i][1], records[i])
+                    prompt, max_tokens = workload[i]
+                    if stub is None:
+                        await openai_load.one(c, address, prompt, max_tokens, records[i])
+                    else:
+                        await _one(stub, prompt, max_tokens, records[i])
                 bar.update(1)
 
             start, tasks = time.perf_counter(), []
@@ -62,6 +70,8 @@ async def _run(address: str, workload: Workload, rate: float, max_concurrency: i
 
 
 def generate_load(address: str, workload: Workload, rate: float, max_concurrency: int,
-                  seed: int = 0, desc: str = "serve") -> tuple[list[RequestRecord], float]:
-    """(one record per request, wall seconds from the first arrival to the last reply)."""
-    return asyncio.run(_run(address, workload, rate, max_concurrency, seed, desc))
+                  seed: int = 0, desc: str = "serve", api: str = "grpc"
+                  ) -> tuple[list[RequestRecord], float]:
+    """(one record per request, wall seconds from the first arrival to the last reply).
+    address: host:port of the gRPC API, or the HTTP API's base URL with api "openai"."""
+    return asyncio.run(_run(address, workload, rate, max_concurrency, seed, desc, api))

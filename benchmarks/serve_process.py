@@ -22,7 +22,8 @@ class ServeProcess:
         folder = Path(tempfile.mkdtemp(prefix="bw-bench-serve-"))
         ready, self.log_path = folder / "ready.json", folder / "server.log"
         cmd = [sys.executable, "-m", "scheduler_svc.cli", "serve", "--host", "127.0.0.1",
-               "--port", "0", "--metrics-port", "0", "--ready-file", str(ready), "--no-progress",
+               "--port", "0", "--metrics-port", "0", "--http-port", "0", "--ready-file",
+               str(ready), "--no-progress",
                *serve_args]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
@@ -37,7 +38,9 @@ class ServeProcess:
         while not ready.exists():
             self._check(deadline)
             time.sleep(0.1)
-        address = f"127.0.0.1:{json.loads(ready.read_text())['port']}"
+        info = json.loads(ready.read_text())
+        address = f"127.0.0.1:{info['port']}"
+        self.http_url = f"http://127.0.0.1:{info['http_port']}"  # the OpenAI-compatible API
         with grpc.insecure_channel(address) as channel:
             health = health_pb2_grpc.HealthStub(channel)
             serving = health_pb2.HealthCheckResponse.SERVING

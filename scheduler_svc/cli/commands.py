@@ -146,6 +146,14 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     _option(g, "--port", 50051, "gRPC port for clients (0 = any free port)", type=int)
     _option(g, "--metrics-port", 9090, "Prometheus /metrics port (0 = any free port)", type=int)
     _flag(g, "--no-metrics", "serve no /metrics")
+    _option(g, "--http-port", 8000, "OpenAI-compatible HTTP API port (/v1/completions, "
+            "/v1/chat/completions, ...; 0 = any free port)", type=int)
+    _flag(g, "--no-http", "serve no HTTP API")
+    env = _env_name("--served-model-name")
+    g.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   default=os.environ.get(env, "").split(),
+                   help="the names /v1/models lists and requests' `model` may use, the first "
+                   f"reported back [{env}, space-separated; default: the model's name]")
     _option(g, "--ready-file", None, "write the bound ports here as JSON once bound")
     _option(g, "--drain-timeout", 600.0, "seconds requests in flight may take to finish after "
             "SIGTERM", type=float)
@@ -226,6 +234,8 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
         metrics_host=args.host,
         scheduler=scheduler, host=args.host, port=args.port,
         metrics_port=None if args.no_metrics else args.metrics_port,
+        http_port=None if args.no_http else args.http_port,
+        served_model_names=tuple(args.served_model_name),
         ready_file=args.ready_file, drain_timeout_s=args.drain_timeout,
         max_message_bytes=args.max_message_size, max_connection_age_s=args.max_connection_age,
         max_connection_age_grace_s=args.max_connection_age, progress=not args.no_progress,

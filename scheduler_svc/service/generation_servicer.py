@@ -105,10 +105,20 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             await abort_with(context, e)
         finally:
             # A cancelled call or a passed deadline lands here: abort all n, free their blocks.
-            for stream in streams:
-                stream.close()
-            if len(streams) > 1:
-                self._sequences.pop(request_id, None)
+            self.release(request_id, streams)
+
+    async def admit(self, request: generate_pb2.GenerateRequest
+                    ) -> tuple[str, list[int], list[RequestStream]]:
+        """Generate's admission, for the HTTP front: the same parsing and checks; the caller
+        reads the streams and must release() them."""
+        return await self._admit(request)
+
+    def release(self, request_id: str, streams: list[RequestStream]) -> None:
+        """Aborts what still runs of an admitted request (all n sequences)."""
+        for stream in streams:
+            stream.close()
+        if len(streams) > 1:
+            self._sequences.pop(request_id, None)
 
     async def _admit(self, request: generate_pb2.GenerateRequest
                      ) -> tuple[str, list[int], list[RequestStream]]:
@@ -258,13 +268,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                          context: grpc.aio.ServicerContext) -> generate_pb2.DetokenizeResponse:
         try:
             m = self._loaded()
-            bad = [t for t in request.token_ids if not 0 <= t < m.vocab_size]
-            if bad:
-                raise InvalidRequestError("token_ids", f"{bad[0]} is outside the vocabulary "
-                                                       f"[0, {m.vocab_size})")
-            skip = (request.skip_special_tokens if request.HasField("skip_special_tokens")
-                    else True)
-            text = m.tokenizer.decode(list(request.token_ids), skip_special_tokens=skip)
+            text = wire.detokenize(request, m.tokenizer, m.vocab_size)
         except Exception as e:
             await abort_with(context, e)
         return generate_pb2.DetokenizeResponse(text=text)

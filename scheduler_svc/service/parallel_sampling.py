@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from typing import TypeVar
 
 from batchwire.v1 import generate_pb2
 
@@ -17,6 +18,8 @@ from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.engine.async_engine import RequestStream
 from scheduler_svc.service import wire
+
+T = TypeVar("T")
 
 
 def check_n(n: int, max_n: int) -> None:
@@ -34,7 +37,7 @@ async def responses(request_id: str, streams: Sequence[RequestStream],
         return
     latest: dict[int, EngineCoreOutput] = {}  # each sequence's latest output, by index
     finished = 0
-    async for index, out in _merged(streams):
+    async for index, out in merge(streams):
         msg = wire.response(request_id, out)
         msg.index = index
         latest[index] = out
@@ -56,13 +59,12 @@ def _total_usage(usage: generate_pb2.Usage, latest: dict[int, EngineCoreOutput])
     usage.total_tokens = usage.prompt_tokens + usage.completion_tokens
 
 
-async def _merged(streams: Sequence[RequestStream]
-                  ) -> AsyncIterator[tuple[int, EngineCoreOutput]]:
-    """(sequence index, output) in arrival order, until every stream ended; an error in any
+async def merge(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
+    """(stream index, item) in arrival order, until every stream ended; an error in any
     stream ends them all (the caller closes the streams, which aborts what still runs)."""
-    queue: asyncio.Queue[tuple[int, EngineCoreOutput | BaseException | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, T | BaseException | None]] = asyncio.Queue()
 
-    async def pump(index: int, stream: RequestStream) -> None:
+    async def pump(index: int, stream: AsyncIterator[T]) -> None:
         try:
             async for out in stream:
                 queue.put_nowait((index, out))

@@ -84,10 +84,15 @@ class ServerConfig:
     discover_workers: str | None = None
     discovery_namespace: str | None = None  # None: the pod's own namespace
     worker_drain_timeout_s: float = 120.0  # a leaving worker's running requests may finish there
+    # The OpenAI-compatible HTTP API (service/openai/): None = none; 0 = any free port.
+    http_port: int | None = 8000
+    served_model_names: tuple[str, ...] = ()  # what /v1/models lists; () = the model's name
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
             raise ValueError(f"port must be in [0, 65536), got {self.port}")
+        if self.http_port is not None and not 0 <= self.http_port < 65536:
+            raise ValueError(f"http_port must be in [0, 65536), got {self.http_port}")
         if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
             raise ValueError(f"metrics_port must be in [0, 65536), got {self.metrics_port}")
         for name in ("drain_timeout_s", "min_client_ping_interval_s", "keepalive_time_s",
@@ -237,6 +242,7 @@ class SchedulerServer:
         self.port = 0
         self.metrics_port: int | None = None
         self.health_port: int | None = None
+        self.http: Any = None  # the HTTP front (service/openai/front.py), unless --no-http
         self._health_server: Any = None
         self._metrics_server: Any = None
         self._stop = asyncio.Event()
@@ -255,13 +261,13 @@ class SchedulerServer:
         stop.cancel()
         if not loading.done():
             logger.info("stopped while the model was loading")
-            await self.server.stop(0)
+            await self._stop_servers()
             return 0
         if loading.exception() is not None:
             # Stop the server here: left to the closing event loop it would fail noisily.
             logger.error("cannot start serving: %s", loading.exception(),
                          exc_info=loading.exception())
-            await self.server.stop(0)
+            await self._stop_servers()
             return 1
         core, tokenizer = loading.result()
         self.engine = AsyncEngine(core)
@@ -281,6 +287,11 @@ class SchedulerServer:
         await self._stop.wait()
         await self._drain()
         return 0
+
+    async def _stop_servers(self) -> None:
+        await self.server.stop(0)
+        if self.http is not None:
+            await self.http.stop()
 
     async def _first_replica(self, core: ReplicatedEngine) -> bool:
         """Waits until a worker group serves (at once unless none was started or configured);
@@ -322,12 +333,31 @@ class SchedulerServer:
         if cfg.metrics_port is not None:
             self._metrics_server, self.metrics_port = serve_metrics(
                 self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
+        if cfg.http_port is not None:
+            await self._start_http()
         logger.info("listening on %s:%d (metrics: %s); loading the model", cfg.host, self.port,
                     f"port {self.metrics_port}" if self.metrics_port is not None else "off")
         if cfg.ready_file:
             _write_ready_file(cfg.ready_file, {"pid": os.getpid(), "port": self.port,
                                                "metrics_port": self.metrics_port,
-                                               "health_port": self.health_port})
+                                               "health_port": self.health_port,
+                                               "http_port": self.http_port})
+
+    @property
+    def http_port(self) -> int | None:
+        return self.http.port if self.http is not None else None
+
+    async def _start_http(self) -> None:
+        from scheduler_svc.service.openai.context import FrontContext  # FastAPI: only when used
+        from scheduler_svc.service.openai.front import HttpFront
+        from scheduler_svc.service.security import ApiKeys
+
+        cfg = self.config
+        keys = ApiKeys.from_file(cfg.api_key_file) if cfg.api_key_file else None
+        context = FrontContext(self.servicer, self.health, self.metrics.registry, version(),
+                               cfg.served_model_names, keys)
+        self.http = HttpFront(context, cfg.host, cfg.http_port or 0, cfg.tls)
+        await self.http.start()
 
     def _install_signal_handlers(self) -> None:
         loop = asyncio.get_running_loop()
@@ -356,6 +386,8 @@ class SchedulerServer:
                 logger.warning("%d requests still running after %.0f s: stopping anyway",
                                engine.num_active, self.config.drain_timeout_s)
         await self.server.stop(grace=5.0)  # the last messages of finished streams go out
+        if self.http is not None:
+            await self.http.stop()
         if self._watcher is not None:
             self._watcher.stop()
         if engine is not None:
@@ -379,20 +411,25 @@ class SchedulerServer:
         request = json.dumps({"text": "What is the capital of France?"})
         metrics = (f", metrics on http://{host}:{self.metrics_port}/metrics"
                    if self.metrics_port is not None else "")
+        http = (f"\n  OpenAI:  http://{host}:{self.http_port}/v1 (e.g. `curl "
+                f"http://{host}:{self.http_port}/v1/models`)" if self.http_port else "")
         cli = _cli_command()
         print(f"batchwire {version()} is serving {model.model_name} on {address}{metrics}\n"
               f"  CLI:     {cli} generate --address {address} 'What is the capital of France?'\n"
               f"           {cli} chat --address {address}\n"
               f"  grpcurl: grpcurl -plaintext -d '{request}' {address} "
               f"{SERVICE_NAME}/Generate\n"
-              f"  any language: the service is defined in protos/batchwire/v1/generate.proto",
-              flush=True)
+              f"  any language: the service is defined in protos/batchwire/v1/generate.proto"
+              f"{http}", flush=True)
 
 
 def ports_to_open(cfg: ServerConfig) -> list[PortRequest]:
     ports = [PortRequest("gRPC", cfg.host, cfg.port, "--port")]
     if cfg.health_port is not None:
         ports.append(PortRequest("health", cfg.host, cfg.health_port, "--health-port"))
+    if cfg.http_port is not None:
+        ports.append(PortRequest("HTTP", cfg.host, cfg.http_port, "--http-port",
+                                 ", or serve no HTTP with --no-http"))
     if cfg.metrics_port is not None:
         ports.append(PortRequest("metrics", cfg.metrics_host, cfg.metrics_port,
                                  "--metrics-port", ", or serve none with --no-metrics"))

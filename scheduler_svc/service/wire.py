@@ -158,6 +158,15 @@ def tokenize(msg: Any, tokenizer: Any, add_special_tokens: bool | None = None
     return field, list(msg.token_ids)
 
 
+def detokenize(msg: generate_pb2.DetokenizeRequest, tokenizer: Any, vocab_size: int) -> str:
+    bad = [t for t in msg.token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError("token_ids", f"{bad[0]} is outside the vocabulary "
+                                               f"[0, {vocab_size})")
+    skip = msg.skip_special_tokens if msg.HasField("skip_special_tokens") else True
+    return str(tokenizer.decode(list(msg.token_ids), skip_special_tokens=skip))
+
+
 def admission_error(error: InvalidRequestError, prompt: str) -> InvalidRequestError:
     """The scheduler's refusal, with the field the client set on the wire: `prompt` is the prompt
     field it used (text, token_ids or messages), sampling fields get their `sampling.` prefix."""

@@ -34,14 +34,16 @@ class ServerProcess:
         self.log_path = tmp / "server.log"
         self._log = open(self.log_path, "w")  # closed in stop()
         cmd = [sys.executable, "-m", "scheduler_svc.cli", "serve", *BASE_ARGS, "--host",
-               "127.0.0.1", "--port", "0", "--metrics-port", "0", "--ready-file",
-               str(self.ready_file), "--no-progress", *extra_args]
+               "127.0.0.1", "--port", "0", "--metrics-port", "0", "--http-port", "0",
+               "--ready-file", str(self.ready_file), "--no-progress", *extra_args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
                                         env=env, start_new_session=True)
         info = self._wait_for_ready_file()
         self.port = info["port"]
         self.metrics_port = info["metrics_port"]
+        self.http_port = info["http_port"]
+        self.base_url = f"http://127.0.0.1:{self.http_port}/v1"  # the OpenAI API
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = generate_pb2_grpc.GenerationStub(self.channel)

@@ -140,3 +140,29 @@ def test_generate_on_an_embedding_server_is_refused(servers, sampling, code, fie
     assert info.value.code() == code
     assert info.value.details().startswith(field), info.value.details()
     assert len(embed(server, texts=["next"]).embeddings) == 1
+
+
+def test_the_openai_sdk_embeds_the_same_vectors(servers, default_tokenizer):
+    """/v1/embeddings through the official SDK: the vectors Embed returns, as base64 (what the
+    SDK asks for by default) and as floats; the generation routes refuse."""
+    import numpy as np
+    import openai
+
+    server = servers["mean"]
+    texts = ["The capital of France is Paris.", "def fibonacci(n):"]
+    expected = embed(server, texts=texts)
+    client = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0)
+    reply = client.embeddings.create(model="SmolLM2-135M-Instruct", input=texts)
+    assert [d.index for d in reply.data] == [0, 1]
+    for got, want in zip(reply.data, expected.embeddings, strict=True):
+        assert np.allclose(got.embedding, want.values, atol=1e-6)
+    assert reply.usage.prompt_tokens == expected.usage.prompt_tokens
+    ids = default_tokenizer(texts[0]).input_ids
+    short = client.embeddings.create(model="SmolLM2-135M-Instruct", input=[ids], dimensions=8,
+                                     encoding_format="float")  # the SDK's default is base64
+    assert len(short.data[0].embedding) == 8
+    with pytest.raises(openai.BadRequestError) as e:
+        client.embeddings.create(model="SmolLM2-135M-Instruct", input=[])
+    assert e.value.body["param"] == "input"
+    with pytest.raises(openai.BadRequestError):
+        client.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=2)

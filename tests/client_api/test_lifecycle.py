@@ -8,6 +8,7 @@ import threading
 import time
 
 import grpc
+import openai
 import pytest
 from batchwire.v1 import generate_pb2
 
@@ -60,6 +61,11 @@ def test_full_queue_refused_at_admission_then_sigterm_drains(small_server):
     with pytest.raises(grpc.RpcError) as e:
         list(small_server.stub.Generate(text_request("Hi", greedy(4)), timeout=30))
     assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # The HTTP API refuses it too, as OpenAI's rate limit (429), through the same admission.
+    http = openai.OpenAI(base_url=small_server.base_url, api_key="-", max_retries=0)
+    with pytest.raises(openai.RateLimitError) as limited:
+        http.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=4)
+    assert limited.value.body["code"] == "queue_full"
 
     small_server.process.send_signal(signal.SIGTERM)
     _wait_for(lambda: small_server.health_status() == NOT_SERVING, 10, "NOT_SERVING")
@@ -67,6 +73,11 @@ def test_full_queue_refused_at_admission_then_sigterm_drains(small_server):
     with pytest.raises(grpc.RpcError) as e:
         list(small_server.stub.Generate(text_request("Hi", greedy(4)), timeout=30))
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(openai.InternalServerError) as draining:
+        http.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=4)
+    assert draining.value.status_code == 503
+    with pytest.raises(openai.InternalServerError):  # /health: 503 once not SERVING
+        http.get(small_server.base_url.removesuffix("/v1") + "/health", cast_to=object)
 
     # The running request goes on streaming while the server drains; it is aborted here only to
     # keep the test short. The waiting one is admitted and runs to its end.

@@ -131,7 +131,7 @@ class Cluster:
     def start_scheduler(self) -> int:
         ready = self.tmp / "scheduler.ready.json"
         command, env = launch_spec(self.docs, self.scheduler, "batchwire-scheduler-0", self.tmp, {
-            "BATCHWIRE_PORT": "0", "BATCHWIRE_METRICS_PORT": "0",
+            "BATCHWIRE_PORT": "0", "BATCHWIRE_METRICS_PORT": "0", "BATCHWIRE_HTTP_PORT": "0",
             "BATCHWIRE_READY_FILE": str(ready), "KUBECONFIG": self.kubeconfig,
         })
         process = Process(command, ready, self.tmp / "scheduler.log", env)

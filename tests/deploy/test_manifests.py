@@ -356,9 +356,10 @@ def test_network_policies_allow_only_the_links(docs):
     scheduler_policy = policies["batchwire-scheduler"]
     by_port = {frozenset(_allowed_ports(r)): r for r in scheduler_policy["spec"]["ingress"]}
     assert "from" not in by_port[frozenset({50051})]  # clients, from anywhere
+    assert "from" not in by_port[frozenset({8000})]  # and over the HTTP API
     metrics = by_port[frozenset({9090})]["from"][0]
     assert metrics["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "prometheus"}
-    assert len(by_port) == 2
+    assert len(by_port) == 3
     assert worker_policy["spec"]["egress"] and all(
         _allowed_ports(r) == {53} for r in worker_policy["spec"]["egress"])
 

@@ -16,9 +16,11 @@ CLI = [sys.executable, "-m", "scheduler_svc.cli"]
 FREE = "0"  # every other port: any free one
 
 CASES = [
-    ("serve", "gRPC", "--port", ["--metrics-port", FREE]),
-    ("serve", "metrics", "--metrics-port", ["--port", FREE]),
-    ("serve", "health", "--health-port", ["--port", FREE, "--metrics-port", FREE]),
+    ("serve", "gRPC", "--port", ["--metrics-port", FREE, "--http-port", FREE]),
+    ("serve", "metrics", "--metrics-port", ["--port", FREE, "--http-port", FREE]),
+    ("serve", "health", "--health-port", ["--port", FREE, "--metrics-port", FREE,
+                                          "--http-port", FREE]),
+    ("serve", "HTTP", "--http-port", ["--port", FREE, "--metrics-port", FREE]),
     ("worker", "worker gRPC", "--port", ["--zmq-port", FREE, "--metrics-port", FREE]),
     ("worker", "worker ZMQ", "--zmq-port", ["--port", FREE, "--metrics-port", FREE]),
     ("worker", "metrics", "--metrics-port", ["--port", FREE, "--zmq-port", FREE]),

@@ -38,8 +38,8 @@ def test_workers_register_die_and_rejoin(tmp_path):
     ready = tmp_path / "scheduler.ready.json"
     scheduler = Process(
         [sys.executable, "-m", "scheduler_svc.cli", "scheduler", *BASE_ARGS, "--transport", "zmq",
-         "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--ready-file", str(ready),
-         "--no-progress"],
+         "--host", "127.0.0.1", "--port", "0", "--metrics-port", "0", "--no-http",
+         "--ready-file", str(ready), "--no-progress"],
         ready, tmp_path / "scheduler.log", env={"OMP_NUM_THREADS": "1"})  # fmt: skip
     workers: list[Process] = []
     try:

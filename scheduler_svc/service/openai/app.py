@@ -1,0 +1,148 @@
+"""The FastAPI application: routes, the API-key check, and OpenAI-shaped errors everywhere.
+
+Open without a key: /health, /version, /metrics (also served keyless on the metrics port) and
+the API's description (/openapi.json, /docs). Every other route needs `Authorization: Bearer
+<key>` when the server has --api-key-file, with the keys the gRPC API takes.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from batchwire.v1 import generate_pb2
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.service import wire
+from scheduler_svc.service.openai import chat, completions, embeddings, errors, responses
+from scheduler_svc.service.openai.chat import template_messages
+from scheduler_svc.service.openai.context import FrontContext
+from scheduler_svc.service.openai.errors import OpenAIError
+from scheduler_svc.service.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
+
+_bearer = HTTPBearer(auto_error=False, description="a key from the server's --api-key-file")
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    return {s: {"model": responses.ErrorResponse} for s in statuses}
+
+
+ERRORS = _errors(400, 401, 404, 429, 503)
+
+
+def context(request: Request) -> FrontContext:
+    ctx: FrontContext = request.app.state.front
+    return ctx
+
+
+async def authorize(request: Request, credentials: Annotated[
+        HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    keys = context(request).api_keys
+    if keys is None:
+        return
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise OpenAIError(401, "missing API key: send the header `Authorization: Bearer <key>`")
+    if not keys.check(credentials.credentials):
+        raise OpenAIError(401, "invalid API key", code="invalid_api_key")
+
+
+def build_app(front: FrontContext) -> FastAPI:
+    app = FastAPI(title="batchwire", version=front.version,
+                  description="OpenAI-compatible HTTP API of a batchwire scheduler")
+    app.state.front = front
+    errors.install(app)
+    api = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS)
+
+    @api.get("/v1/models", response_model=responses.ModelList)
+    async def list_models(request: Request) -> JSONResponse:
+        ctx = context(request)
+        m = ctx.model()
+        cards = [{"id": name, "object": "model", "created": ctx.started, "owned_by": "batchwire",
+                  "max_model_len": m.max_model_len, "root": m.model_name} for name in ctx.names()]
+        return JSONResponse({"object": "list", "data": cards})
+
+    @api.post("/v1/completions", response_model=responses.CompletionResponse,
+              responses={200: {"content": {"text/event-stream": {}}}})
+    async def create_completion(body: CompletionRequest, request: Request) -> Response:
+        return await completions.create(body, request, context(request))
+
+    @api.post("/v1/chat/completions", response_model=responses.ChatCompletionResponse,
+              responses={200: {"content": {"text/event-stream": {}}}})
+    async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+        return await chat.create(body, request, context(request))
+
+    @api.post("/v1/embeddings", response_model=responses.EmbeddingResponse)
+    async def create_embedding(body: EmbeddingRequest, request: Request) -> JSONResponse:
+        return await embeddings.create(body, context(request))
+
+    @api.post("/tokenize", response_model=responses.TokenizeResponse)
+    async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+        ctx = context(request)
+        m = ctx.model()
+        ctx.check_model(body.model)
+        msg = generate_pb2.TokenizeRequest()
+        if body.prompt is not None:
+            msg.text = body.prompt
+        if body.messages:
+            msg.messages.extend(template_messages(body.messages))
+        if body.add_special_tokens is not None:
+            msg.add_special_tokens = body.add_special_tokens
+        add = body.add_special_tokens
+        try:
+            _, ids = wire.tokenize(msg, m.tokenizer, add)
+        except InvalidRequestError as e:
+            raise errors.renamed(e, {"text": "prompt"}) from None
+        return JSONResponse({"count": len(ids), "max_model_len": m.max_model_len,
+                             "tokens": ids})
+
+    @api.post("/detokenize", response_model=responses.DetokenizeResponse)
+    async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
+        ctx = context(request)
+        m = ctx.model()
+        ctx.check_model(body.model)
+        msg = generate_pb2.DetokenizeRequest()
+        try:
+            msg.token_ids.extend(body.tokens)
+            text = wire.detokenize(msg, m.tokenizer, m.vocab_size)
+        except ValueError as e:  # protobuf's own refusal of an int32 out of range, too
+            message = e.message if isinstance(e, InvalidRequestError) else str(e)
+            raise InvalidRequestError("tokens", message) from None
+        return JSONResponse({"prompt": text})
+
+    @api.get("/tokenizer_info")
+    async def tokenizer_info(request: Request) -> JSONResponse:
+        """The tokenizer's special tokens and chat template (lm-eval's remote tokenizer)."""
+        m = context(request).model()
+        t = m.tokenizer
+        return JSONResponse({"eos_token": t.eos_token, "bos_token": t.bos_token,
+                             "pad_token": t.pad_token, "chat_template": t.chat_template,
+                             "model_max_length": m.max_model_len,
+                             "tokenizer_class": type(t).__name__})
+
+    app.include_router(api)
+
+    @app.get("/health", responses={503: {"description": "not serving"}})
+    async def health(request: Request) -> Response:
+        """200 while the gRPC health service says SERVING, 503 otherwise."""
+        serving = await context(request).serving()
+        return Response(status_code=200 if serving else 503)
+
+    @app.get("/version", response_model=responses.VersionResponse)
+    async def version(request: Request) -> JSONResponse:
+        return JSONResponse({"version": context(request).version})
+
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def metrics(request: Request) -> Response:
+        return Response(generate_latest(context(request).metrics_registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    return app

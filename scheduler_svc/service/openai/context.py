@@ -1,0 +1,82 @@
+"""What every HTTP handler reaches: the Generation servicer (its model and admission path), the
+health service, the metrics registry, the served model names and the API keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from batchwire.v1 import generate_pb2
+from grpc_health.v1 import health_pb2
+
+from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.engine.async_engine import RequestStream
+from scheduler_svc.service.generation_servicer import GenerationServicer, LoadedModel
+from scheduler_svc.service.openai.errors import OpenAIError, renamed
+from scheduler_svc.service.security import ApiKeys
+
+
+@dataclasses.dataclass(slots=True)
+class Admitted:
+    """One admitted prompt: its n streams, which release() aborts if they still run."""
+
+    request_id: str
+    prompt_ids: list[int]  # the prompt as run (after truncate_prompt_tokens)
+    streams: list[RequestStream]
+    servicer: GenerationServicer
+
+    def release(self) -> None:
+        self.servicer.release(self.request_id, self.streams)
+
+
+@dataclasses.dataclass(slots=True)
+class FrontContext:
+    servicer: GenerationServicer
+    health: Any  # grpc_health's HealthServicer: /health answers what it says
+    metrics_registry: Any  # prometheus_client.CollectorRegistry
+    version: str
+    served_model_names: tuple[str, ...] = ()  # () = the model's own name
+    api_keys: ApiKeys | None = None
+    started: int = dataclasses.field(default_factory=lambda: int(time.time()))
+
+    def model(self) -> LoadedModel:
+        return self.servicer._loaded()  # NotReadyError (503) while loading
+
+    def names(self) -> tuple[str, ...]:
+        return self.served_model_names or (self.model().model_name,)
+
+    def check_model(self, name: str | None) -> str:
+        """The name a response reports: the one asked for, which must be served (404 if not)."""
+        names = self.names()
+        if name is None or name in names:
+            return name or names[0]
+        raise OpenAIError(404, f"The model `{name}` does not exist; this server serves "
+                          f"{', '.join(names)}", "model", "model_not_found")
+
+    async def serving(self) -> bool:
+        request = health_pb2.HealthCheckRequest(service="")
+        reply = await self.health.Check(request, None)  # "" is always known: no abort
+        return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+    async def admit(self, request: generate_pb2.GenerateRequest, names: dict[str, str]
+                    ) -> Admitted:
+        """The Generate admission path; a refused field comes back under its HTTP name."""
+        try:
+            request_id, ids, streams = await self.servicer.admit(request)
+        except InvalidRequestError as e:
+            raise renamed(e, names) from None
+        return Admitted(request_id, ids, streams, self.servicer)
+
+    async def admit_all(self, requests: list[generate_pb2.GenerateRequest],
+                        names: dict[str, str]) -> list[Admitted]:
+        """Several prompts, all or none: a refusal releases the ones already admitted."""
+        admitted: list[Admitted] = []
+        try:
+            for request in requests:
+                admitted.append(await self.admit(request, names))
+        except BaseException:
+            for a in admitted:
+                a.release()
+            raise
+        return admitted

@@ -1,0 +1,170 @@
+"""The request bodies the HTTP front accepts, as pydantic models (they make /openapi.json).
+
+Types are checked here (a string where a number belongs is a 400 naming the field); values are
+not: ranges and limits are the admission path's, shared with gRPC. Fields that OpenAI defines and
+that change nothing here (`user`, `parallel_tool_calls`, ...) are accepted and ignored, and so
+are unknown ones, as vLLM does, so that clients sending newer fields keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from scheduler_svc.core.errors import InvalidRequestError
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False  # a last chunk with the usage and no choices
+    continuous_usage_stats: bool = False  # every chunk carries the usage so far
+
+
+class SamplingFields(_Body):
+    """What completions and chat completions share: OpenAI's fields, then vLLM's extras."""
+
+    model: str | None = Field(None, description="a name from /v1/models; default: the first")
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = Field(None, description="token id (as a string) -> "
+                                                "bias added to its logit")
+    user: str | None = Field(None, description="accepted and ignored")
+    response_format: ResponseFormat | None = None
+    # vLLM's extra sampling parameters.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    priority: int = 0
+    cache_salt: str | None = None
+    truncate_prompt_tokens: int | None = None
+
+
+class JsonSchemaFormat(_Body):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]] = Field(
+        description="a string, a list of strings, token ids, or a list of token id lists")
+    echo: bool = False
+    logprobs: int | None = Field(None, description="top-n logprobs per token (0 = the token's "
+                                 "own); with echo, the prompt's too")
+    suffix: str | None = None  # refused when set: no model here fills in the middle
+    best_of: int | None = None  # accepted only as n (no server-side ranking)
+
+
+class TextPart(_Body):
+    type: str = Field(description="only 'text' parts are supported")
+    text: str | None = None
+
+
+class FunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Body):
+    id: str | None = None
+    type: str = "function"
+    function: FunctionCall
+
+
+class ChatMessage(_Body):
+    role: str = Field(description="system, developer, user, assistant or tool")
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Body):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"] = "function"
+    function: NamedFunction
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = Field(None, description="wins over max_tokens")
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(None, description="accepted; one call is made")
+
+
+class EmbeddingRequest(_Body):
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+class TokenizeRequest(_Body):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]
+
+
+def as_batch(value: Any, field: str) -> list[Any]:
+    """A prompt or input field as a list of items: one string or token id list is a batch of
+    one; an empty list is refused."""
+    if isinstance(value, str):
+        return [value]
+    if not value:
+        raise InvalidRequestError(field, "nothing given (an empty list)")
+    return [value] if isinstance(value[0], int) else list(value)
+
+
+SamplingFields.model_rebuild()
+CompletionRequest.model_rebuild()
+ChatCompletionRequest.model_rebuild()
