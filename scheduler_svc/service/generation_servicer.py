@@ -61,6 +61,13 @@ class LoadedModel:
     weights: str = ""  # how the weights are stored and served, for GetModelInfo
 
 
+async def prompt_token_ids(request: Any, m: LoadedModel) -> list[int]:
+    """A text or chat prompt's ids, for a front that builds its own GenerateRequest: refused
+    when too long to fit, tokenized off the event loop when long."""
+    wire.check_prompt_chars(request, m.max_prompt_chars, m.max_model_len)
+    return (await tokenized(request, m.tokenizer))[1]
+
+
 async def tokenized(request: Any, tokenizer: Any, add_special_tokens: bool | None = None
                     ) -> tuple[str, list[int]]:
     if wire.prompt_chars(request) <= wire.OFF_LOOP_CHARS:

@@ -8,6 +8,7 @@ import threading
 import time
 
 import grpc
+import openai
 import pytest
 from batchwire.v1 import generate_pb2
 
@@ -63,3 +64,18 @@ def test_tokenizing_a_long_text_does_not_hold_up_other_streams(server):
     worst = max(b - a for a, b in zip(times, times[1:], strict=False))
     # On the event loop the stream would wait the whole tokenizing; off it, a step or two.
     assert worst < 0.5 * (t1 - t0), f"the stream waited {worst:.2f} s of {t1 - t0:.2f} s"
+
+
+def test_the_http_front_refuses_a_text_too_long_to_fit_at_once(server):
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    model = client.models.list().data[0].id
+    for call in (
+        lambda: client.completions.create(model=model, prompt="word " * 2_000_000, max_tokens=2),
+        lambda: client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "word " * 2_000_000}]),
+    ):
+        t0 = time.perf_counter()
+        with pytest.raises(openai.BadRequestError) as e:
+            call()
+        assert time.perf_counter() - t0 < 5
+        assert "10000000 characters cannot fit max_model_len" in str(e.value)

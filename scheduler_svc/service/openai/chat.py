@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from scheduler_svc.core.errors import InvalidRequestError
-from scheduler_svc.service import wire
+from scheduler_svc.service.generation_servicer import prompt_token_ids
 from scheduler_svc.service.openai.context import Admitted, FrontContext
 from scheduler_svc.service.openai.logprobs import TokenText, chat_logprobs
 from scheduler_svc.service.openai.protocol import ChatCompletionRequest, ChatMessage
@@ -75,7 +75,8 @@ async def create(body: ChatCompletionRequest, request: Request, ctx: FrontContex
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs", "needs logprobs: true")
     tools = tool_mode(body)
-    ids = wire.chat_token_ids(m.tokenizer, template_messages(body.messages))
+    ids = await prompt_token_ids(
+        generate_pb2.GenerateRequest(messages=template_messages(body.messages)), m)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None \
         else body.max_tokens
     if max_tokens is None:  # the rest of the context

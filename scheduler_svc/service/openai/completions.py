@@ -17,7 +17,7 @@ from batchwire.v1 import generate_pb2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from scheduler_svc.service import wire
+from scheduler_svc.service.generation_servicer import LoadedModel, prompt_token_ids
 from scheduler_svc.service.openai.context import Admitted, FrontContext
 from scheduler_svc.service.openai.errors import OpenAIError
 from scheduler_svc.service.openai.logprobs import CompletionLogprobs, TokenText
@@ -32,12 +32,12 @@ NAMES = {"token_ids": "prompt", "text": "prompt", "prompt_logprobs": "logprobs",
          "json_schema": "response_format", "json_object": "response_format"}
 
 
-def prompts(prompt: Any, tokenizer: Any) -> list[tuple[str | None, list[int]]]:
+async def prompts(prompt: Any, m: LoadedModel) -> list[tuple[str | None, list[int]]]:
     """(text or None, token ids) per prompt, tokenized as Generate tokenizes text."""
     out: list[tuple[str | None, list[int]]] = []
     for p in as_batch(prompt, "prompt"):
         if isinstance(p, str):
-            out.append((p, wire.tokenize(generate_pb2.GenerateRequest(text=p), tokenizer)[1]))
+            out.append((p, await prompt_token_ids(generate_pb2.GenerateRequest(text=p), m)))
         else:
             out.append((None, list(p)))
     return out
@@ -83,7 +83,7 @@ async def create(body: CompletionRequest, request: Request, ctx: FrontContext) -
                   DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens)
     prompt_logprobs = body.logprobs if body.echo else None
     sampling = sampling_message(body, max_tokens, body.logprobs, prompt_logprobs)
-    given = prompts(body.prompt, m.tokenizer)
+    given = await prompts(body.prompt, m)
     base = f"cmpl-{uuid.uuid4().hex}"
     requests = [generate_pb2.GenerateRequest(
         request_id=base if len(given) == 1 else f"{base}-{i}", token_ids=ids, sampling=sampling,
