@@ -65,6 +65,7 @@ class ModelRunner:
         self.limits = StepLimits(
             self.vocab_size, num_blocks, config.block_size, config.max_model_len,
             config.max_num_reqs, config.max_num_batched_tokens, config.max_logprobs,
+            samples=config.task != "embed",
         )  # fmt: skip
         self.requests: dict[str, CachedRequestState] = {}  # every request held, batched or not
         self.input_batch = InputBatch(

@@ -6,6 +6,7 @@ A bad SchedulerOutput or GrammarOutput is refused whole, so the persistent batch
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
@@ -36,6 +37,7 @@ class StepLimits:
     max_num_reqs: int
     max_num_batched_tokens: int
     max_logprobs: int
+    samples: bool = True  # False on a pooling (embedding) worker: sampling values go unused
 
 
 def validate_scheduler_output(
@@ -86,6 +88,8 @@ def validate_scheduler_output(
             raise InvalidStepError(
                 f"{where}: logprobs={new.sampling.logprobs} outside [0, {limits.max_logprobs}]"
             )
+        if limits.samples:
+            _check_sampling(new.sampling, where)
         _check_shaping(new.sampling, limits.vocab_size, where)
         if (
             new.sampling.HasField("prompt_logprobs")
@@ -135,6 +139,12 @@ def validate_scheduler_output(
             raise InvalidStepError(f"{where} is unknown to this worker")
         new_blocks = cached.new_block_ids[i].ids
         _check_blocks(new_blocks, limits, where)
+        if new_blocks and req_id not in resumed:
+            held = set(state.block_ids).intersection(new_blocks)
+            if held:
+                raise InvalidStepError(
+                    f"{where}: block id {min(held)} is already in its block table"
+                )
         num_tokens = state.num_tokens
         if appends_new_tokens and new_tokens:
             _check_tokens(new_tokens[i].ids, limits.vocab_size, where)
@@ -210,6 +220,11 @@ def _cached_requests_valid(
         added = [x for b in new_blocks for x in b.ids]
         if not (0 < min(added) and max(added) < limits.num_blocks):
             return False
+        for i in np.flatnonzero(num_new_blocks):  # a block appears once in a request's table
+            ids = new_blocks[i].ids
+            table = () if cached.req_ids[i] in resumed else states[i].block_ids
+            if len(set(ids)) != len(ids) or not set(table).isdisjoint(ids):
+                return False
     computed = np.asarray(cached.num_computed_tokens, dtype=np.int64)  # [reqs]
     scheduled = np.asarray(cached.num_scheduled_tokens, dtype=np.int64)  # [reqs]
     needed = computed + scheduled
@@ -240,6 +255,17 @@ def validate_grammar_output(
     unknown = [r for r in g.req_ids if r not in batch_req_ids]
     if unknown:
         raise InvalidStepError(f"grammar bitmask names requests not in this step: {unknown[:4]}")
+    rows = np.frombuffer(g.bitmask, dtype="<i4").reshape(len(g.req_ids), words)  # [reqs, words]
+    full, rest = divmod(vocab_size, 32)
+    allows = rows[:, :full].any(axis=1)  # [reqs]; a word's bits are 32 tokens
+    if rest:  # the last word's bits past the vocabulary do not count
+        allows |= (rows[:, full] & ((1 << rest) - 1)) != 0
+    empty = np.flatnonzero(~allows)
+    if empty.size:
+        # Sampling from a row with no allowed token would silently pick token 0.
+        raise InvalidStepError(
+            f"grammar bitmask row of {g.req_ids[empty[0]]!r} allows no token of the vocabulary"
+        )
     # One mask row per request fits only its first position; drafted requests are unconstrained.
     constrained_drafts = [r for r in g.req_ids if r in drafted]
     if constrained_drafts:
@@ -332,6 +358,33 @@ def _check_blocks(block_ids: Sequence[int], limits: StepLimits, where: str) -> N
         raise InvalidStepError(
             f"{where}: block id {bad[0]} outside the pool [1, {limits.num_blocks})"
         )
+    if len(set(block_ids)) != len(block_ids):
+        twice = next(b for i, b in enumerate(block_ids) if b in block_ids[:i])
+        raise InvalidStepError(f"{where}: block id {twice} is listed twice in its block table")
+
+
+def _check_sampling(sampling: worker_pb2.RequestSamplingParams, where: str) -> None:
+    """The worker is a service of its own: it takes no sampling value the scheduler would have
+    refused (NaN or infinite values, or ones outside their ranges) on trust."""
+    values = {
+        "temperature": (sampling.temperature, 0.0 <= sampling.temperature < math.inf, ">= 0"),
+        "top_p": (sampling.top_p, 0.0 < sampling.top_p <= 1.0, "in (0, 1]"),
+        "min_p": (sampling.min_p, 0.0 <= sampling.min_p <= 1.0, "in [0, 1]"),
+        "top_k": (sampling.top_k, sampling.top_k >= -1, ">= -1"),
+        "repetition_penalty": (sampling.repetition_penalty,
+                               0.0 < sampling.repetition_penalty < math.inf, "> 0"),
+        "presence_penalty": (sampling.presence_penalty,
+                             -2.0 <= sampling.presence_penalty <= 2.0, "in [-2, 2]"),
+        "frequency_penalty": (sampling.frequency_penalty,
+                              -2.0 <= sampling.frequency_penalty <= 2.0, "in [-2, 2]"),
+        "min_tokens": (sampling.min_tokens, sampling.min_tokens >= 0, ">= 0"),
+    }
+    for name, (value, ok, rule) in values.items():
+        if not ok:  # NaN fails every comparison, so it lands here too
+            raise InvalidStepError(f"{where}: sampling.{name}={value} must be {rule}")
+    for token, bias in sampling.logit_bias.items():
+        if not -100.0 <= bias <= 100.0:
+            raise InvalidStepError(f"{where}: logit_bias[{token}]={bias} must be in [-100, 100]")
 
 
 def _check_counts(computed: int, scheduled: int, num_tokens: int, where: str) -> None:

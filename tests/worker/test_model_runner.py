@@ -191,6 +191,19 @@ BAD_STEPS = {
     "wrong total": lambda: pb.SchedulerOutput(
         scheduled_new_reqs=[new_req("n", prompt(4), [3], 0, 4)], total_num_scheduled_tokens=9
     ),
+    # A block twice in one request's table: its two positions would share one slot's KV.
+    "block listed twice": lambda: step(new=[new_req("n", prompt(20), [3, 3], 0, 20)]),
+    "new block already held": lambda: step(cached=[("a", [1], 8, 1)]),
+    # The worker is a service of its own: sampling values are checked here too (NaN included).
+    **{f"sampling {name}={value}": (lambda name=name, value=value: step(new=[new_req(
+        "n", prompt(4), [3], 0, 4, pb.RequestSamplingParams(
+            **{"temperature": 0.0, "top_p": 1.0, "repetition_penalty": 1.0, name: value}))]))
+       for name, value in [("temperature", float("nan")), ("temperature", -1.0),
+                           ("temperature", float("inf")), ("top_p", 0.0), ("top_p", 2.0),
+                           ("top_p", float("nan")), ("min_p", 2.0), ("top_k", -2),
+                           ("repetition_penalty", 0.0), ("repetition_penalty", -1.0),
+                           ("repetition_penalty", float("nan")), ("presence_penalty", 3.0),
+                           ("frequency_penalty", float("nan")), ("min_tokens", -1)]},
 }
 
 
@@ -244,6 +257,11 @@ def test_bad_grammar_output_keeps_logits_parked(llama_worker):
     with pytest.raises(InvalidStepError, match="not in this step"):
         runner.sample_tokens(
             pb.GrammarOutput(req_ids=["x"], bitmask=b"\x00" * 4 * (runner.vocab_size // 32))
+        )
+    # A row that allows no token would silently sample token 0.
+    with pytest.raises(InvalidStepError, match="allows no token"):
+        runner.sample_tokens(
+            pb.GrammarOutput(req_ids=["a"], bitmask=b"\x00" * 4 * (-(-runner.vocab_size // 32)))
         )
     assert len(runner.sample_tokens(None).sampled_token_ids[0].ids) == 1
 
