@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def quick(args: argparse.Namespace) -> None:
-    args.minutes, args.sample_s, args.concurrency = 0.25, 3.0, 4
+    args.minutes, args.sample_s, args.concurrency = 0.15, 2.0, 4
 
 
 @dataclasses.dataclass

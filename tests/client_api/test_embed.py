@@ -90,8 +90,10 @@ def test_embed_matches_transformers_with_a_chunked_text(servers, hf_base, defaul
     assert server.wait_idle().kv_blocks_used == 0  # every request's blocks freed once pooled
 
 
-def test_a_batch_of_64_mixed_lengths(servers, hf_base, default_tokenizer):
-    texts = [text_of(3 + (37 * i) % 50, offset=i) for i in range(64)]  # 3 to 52 words
+def test_a_batch_of_mixed_lengths(servers, hf_base, default_tokenizer):
+    # 24 inputs of 3 to 52 words through a 64-token step budget: chunked and batched together
+    # (64 inputs took ~110 s of the suite and showed nothing more).
+    texts = [text_of(3 + (37 * i) % 50, offset=i) for i in range(24)]
     batch = [default_tokenizer(t).input_ids for t in texts]
     response = embed(servers["mean"], texts=texts)
     # The reference in one right-padded batch: a causal model's real tokens never see the pads.
@@ -99,9 +101,9 @@ def test_a_batch_of_64_mixed_lengths(servers, hf_base, default_tokenizer):
     ids = torch.tensor([x + [0] * (longest - len(x)) for x in batch])
     mask = torch.tensor([[1] * len(x) + [0] * (longest - len(x)) for x in batch])
     with torch.no_grad():
-        hidden = hf_base(ids, attention_mask=mask).last_hidden_state  # (64, T, hidden)
+        hidden = hf_base(ids, attention_mask=mask).last_hidden_state  # (24, T, hidden)
     expected = F.normalize((hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True), dim=1)
-    ours = torch.tensor([list(e.values) for e in response.embeddings])  # (64, hidden)
+    ours = torch.tensor([list(e.values) for e in response.embeddings])  # (24, hidden)
     cosines = (ours * expected).sum(1)
     assert float(cosines.min()) >= MIN_COSINE, cosines
 

@@ -13,7 +13,7 @@ import grpc
 import pytest
 from batchwire.v1 import generate_pb2
 
-from tests.client_api.server_process import ServerProcess, collect, text_request
+from tests.client_api.server_process import collect, text_request
 
 from .conftest import COLOURS, DATE_REGEX, PERSON_SCHEMA
 
@@ -46,16 +46,6 @@ BAD = [
     ("grammar nested 2000 deep", S(grammar="root ::= " + "(" * 2000 + '"a"' + ")" * 2000),
      "sampling.grammar", "the limit is 64"),
 ]
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    process = ServerProcess(tmp_path_factory.mktemp("so-server"))
-    try:
-        process.wait_serving()
-        yield process
-    finally:
-        process.stop()
 
 
 def steps(server) -> float:
