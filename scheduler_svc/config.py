@@ -46,6 +46,10 @@ class SchedulerConfig:
     worker_heartbeat_s: float = 1.0  # liveness probe period; 3 missed probes = a failed worker
     # TLS (mutual with a client certificate) on the gRPC links to workers; ZMQ has none.
     worker_tls: ClientTls | None = None
+    # The token presented to workers on every call, both transports (the workers' own
+    # --worker-token-file); None: none, unless this scheduler starts its workers itself, which
+    # then get a fresh random one.
+    worker_token_file: str | None = None
 
     # Scheduling.
     max_num_seqs: int = 256  # most requests running at once

@@ -29,6 +29,28 @@ def tiny_llama(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_with_tokenizer(tiny_llama, tmp_path_factory) -> str:
+    """tiny_llama with a byte-level tokenizer (3 special tokens, then one per byte), so that a
+    scheduler process can serve it: any text encodes within its 512-token vocabulary."""
+    import shutil
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    path = tmp_path_factory.mktemp("tiny-llama-tokenizer") / "model"
+    shutil.copytree(tiny_llama, path)
+    vocab = {s: i for i, s in enumerate(("<unk>", "<s>", "</s>"))}  # bos 1, eos 2: Llama's
+    for char in pre_tokenizers.ByteLevel.alphabet():
+        vocab[char] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                            unk_token="<unk>").save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def default_model_file() -> str:
     return default_model_path()
 

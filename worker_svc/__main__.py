@@ -182,6 +182,24 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=_env("tls_ca", None),
         help="require client certificates signed by this CA (mutual TLS)",
     )
+    reg = p.add_argument_group("registration's link to the scheduler (its client port)")
+    for name, help_text in (
+        ("scheduler_tls_ca", "register over TLS, trusting this CA for the scheduler's certificate"),
+        ("scheduler_tls_cert", "certificate to present (the scheduler's --tls-client-ca)"),
+        ("scheduler_tls_key", "the private key of --scheduler-tls-cert"),
+        ("scheduler_tls_server_name", "the name the scheduler's certificate carries, checked "
+         "instead of the address dialled"),
+        ("scheduler_api_key_file", "send the file's first key as `authorization: Bearer <key>` "
+         "(the scheduler's --api-key-file; read again at each attempt)"),
+    ):
+        reg.add_argument(f"--{name.replace('_', '-')}", default=_env(name, None), help=help_text)
+    sec.add_argument(
+        "--worker-token-file",
+        default=_env("worker_token_file", None),
+        help="answer Worker calls (steps, Reset, Shutdown, GetInfo) only when they present a "
+        "token listed in this file, one a line (the scheduler's --worker-token-file; read again "
+        "when it changes); health checks stay open",
+    )
     sec.add_argument(
         "--health-port",
         type=int,
@@ -236,15 +254,19 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_one(args: argparse.Namespace) -> int:
+    from batchwire.common.key_file import WorkerToken
     from batchwire.common.ports import PortInUseError
     from batchwire.common.tls import ServerTls
 
+    from worker_svc.server.registration import SchedulerLink
     from worker_svc.server.serve import LoadInterrupted, ServeOptions, serve
 
     rank = int(args.rank or 0)
     config = worker_config(args, rank, args.distributed_init_method)
     try:
         tls = ServerTls.from_options(args.tls_cert, args.tls_key, args.tls_ca)
+        token = WorkerToken.from_file(args.worker_token_file) if args.worker_token_file else None
+        scheduler = SchedulerLink.from_args(args)
     except ValueError as e:
         raise SystemExit(f"batchwire worker: {e}") from None
     options = ServeOptions(
@@ -252,9 +274,10 @@ def run_one(args: argparse.Namespace) -> int:
         grpc_port=args.port,
         zmq_port=args.zmq_port,
         ready_file=args.ready_file,
-        scheduler_address=args.scheduler_address,
+        scheduler=scheduler,
         advertise_host=args.advertise_host,
         tls=tls,
+        token=token,
         health_port=int(args.health_port) if args.health_port is not None and rank == 0 else None,
         zmq=not args.no_zmq,
         parent_pid=args.parent_pid,

@@ -183,6 +183,13 @@ def _add_worker_tls_options(g: Any) -> None:
             "instead of the address dialled (pods are dialled by IP)")
 
 
+def _add_worker_token_option(g: Any) -> None:
+    _option(g, "--worker-token-file", None, "present the first token of this file (one a line; "
+            "read again when it changes) on every call to the workers, both transports; they "
+            "must list it in their own --worker-token-file (workers started here get a random "
+            "one otherwise)")
+
+
 def _worker_tls(args: argparse.Namespace) -> Any:
     from batchwire.common.tls import ClientTls
 
@@ -203,6 +210,7 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         max_n=args.max_n, max_stop_strings=args.max_stop_strings,
         max_stop_chars=args.max_stop_chars, max_token_ids=args.max_token_ids,
         long_prefill_token_threshold=args.long_prefill_token_threshold, policy=args.policy,
+        worker_token_file=args.worker_token_file,
         seed=args.seed, enable_prefix_caching=not args.no_prefix_caching,
         enable_chunked_prefill=not args.no_chunked_prefill, task=args.task,
         pooling_type=args.pooling_type, normalize=args.normalize,
@@ -214,6 +222,8 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
 
 def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: int = 1,
                 **server: Any) -> int:
+    from batchwire.common.key_file import WorkerToken
+
     from scheduler_svc.core.generation_config import load_generation_config
     from scheduler_svc.service.security import ApiKeys, ServerTls
     from scheduler_svc.service.server import (  # grpc and torch: only when serving
@@ -225,6 +235,8 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
         tls = ServerTls.from_options(args.tls_cert, args.tls_key, args.tls_client_ca)
         if args.api_key_file:
             ApiKeys.from_file(args.api_key_file)  # a missing or empty file fails here, not later
+        if args.worker_token_file:
+            WorkerToken.from_file(args.worker_token_file)
         # Likewise a generation config that cannot be read or holds bad values.
         load_generation_config(scheduler.model, scheduler.generation_config)
     except (ValueError, OSError) as e:
@@ -461,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     _option(w, "--tensor-parallel-size", 1, "worker processes sharding the model", type=int)
     _option(w, "--replicas", 1, "independent worker groups (data parallel), each with its own "
             "KV cache; a request goes to the least loaded", type=int)
+    _add_worker_token_option(w)
     _add_engine_options(serve)
     _add_task_options(serve)
     _add_server_options(serve)
@@ -489,6 +502,7 @@ def build_parser() -> argparse.ArgumentParser:
     _option(w, "--worker-drain-timeout", 120.0, "seconds a leaving worker's running requests "
             "may finish there before they move to other workers", type=float)
     _add_worker_tls_options(w)
+    _add_worker_token_option(w)
     _add_engine_options(scheduler)
     _add_task_options(scheduler)
     _add_server_options(scheduler)

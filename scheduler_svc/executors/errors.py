@@ -15,6 +15,8 @@ FATAL_CODES = frozenset({
     grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
     grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL, grpc.StatusCode.DATA_LOSS,
     grpc.StatusCode.RESOURCE_EXHAUSTED,
+    # The worker does not take this scheduler's token (or certificate): nor will it next step.
+    grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
 })
 
 _CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -38,3 +40,10 @@ class WorkerError(RuntimeError):
 class WorkerUnavailableError(WorkerError):
     def __init__(self, message: str, rank: int | None = None, address: str = "") -> None:
         super().__init__(grpc.StatusCode.UNAVAILABLE, message, rank, address)
+
+
+class WorkerRefusedError(WorkerUnavailableError):
+    """The group refused this scheduler's credentials (UNAUTHENTICATED): unusable, like a dead
+    one, but a setting to fix rather than a worker to restart."""
+
+    CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})

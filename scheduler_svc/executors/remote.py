@@ -7,6 +7,10 @@ for (the ranks stay in lockstep) but only the reply rank's payload is parsed. A 
 probes the ranks every worker_heartbeat_s; a failed probe, a dead connection, a timeout or a
 broken reply latches the executor failed: pending futures raise WorkerUnavailableError and later
 calls raise it at once. One thread drives an executor.
+
+Every call presents the worker token (`self.token`, from --worker-token-file or the group this
+executor started); a worker that refuses it (UNAUTHENTICATED) fails the executor like a dead one,
+with WorkerRefusedError, since no later call would be accepted either.
 """
 
 from __future__ import annotations
@@ -20,11 +24,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from batchwire.common.key_file import WorkerToken
 from batchwire.v1 import worker_pb2
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.executors.base import Executor
-from scheduler_svc.executors.errors import FATAL_CODES, WorkerError, WorkerUnavailableError
+from scheduler_svc.executors.errors import (
+    FATAL_CODES,
+    WorkerError,
+    WorkerRefusedError,
+    WorkerUnavailableError,
+)
 from scheduler_svc.executors.worker_group import LocalWorkerGroup
 
 logger = logging.getLogger(__name__)
@@ -111,6 +121,9 @@ class RemoteExecutor(Executor):
     def __init__(self, config: SchedulerConfig, addresses: Sequence[str] | None = None) -> None:
         super().__init__(config, addresses)
         self.group: LocalWorkerGroup | None = None
+        # Read again when the file changes, so a rotated token reaches calls already going out.
+        token_file = config.worker_token_file
+        self.token = WorkerToken.from_file(token_file) if token_file else None
         if addresses is None:
             if len(config.worker_addresses) > 1:
                 raise ValueError(f"{len(config.worker_addresses)} worker groups configured: one "
@@ -118,8 +131,10 @@ class RemoteExecutor(Executor):
             if config.worker_addresses:
                 addresses = [a.strip() for a in config.worker_addresses[0].split(",")]
             else:
-                self.group = LocalWorkerGroup.start(config.worker_config())
+                self.group = LocalWorkerGroup.start(config.worker_config(),
+                                                    token_file=token_file)
                 addresses = self.group.addresses(self.transport)
+                self.token = WorkerToken.from_file(self.group.token_file)
         self.addresses = list(addresses)
         if not self.addresses or not all(a.rpartition(":")[2].isdigit() for a in self.addresses):
             raise ValueError(f"worker addresses must be host:port, got {self.addresses}")
@@ -170,7 +185,7 @@ class RemoteExecutor(Executor):
     def check_alive(self) -> None:
         failure = self._failure
         if failure is not None:  # a fresh error each time: one instance would pile up tracebacks
-            raise WorkerUnavailableError(failure.message, failure.rank, failure.address)
+            raise type(failure)(failure.message, failure.rank, failure.address)
 
     def collective_rpc(self, method: str, args: tuple = (), non_block: bool = False,
                        unique_reply_rank: int | None = None) -> Any:
@@ -232,8 +247,10 @@ class RemoteExecutor(Executor):
         if errors:
             fatal = [e for e in errors if e.code in FATAL_CODES]
             if fatal:
-                self._fail(WorkerUnavailableError(f"{wire.name} failed: {fatal[0]}",
-                                                  fatal[0].rank, fatal[0].address))
+                kind = (WorkerRefusedError if fatal[0].code in WorkerRefusedError.CODES
+                        else WorkerUnavailableError)
+                self._fail(kind(f"{wire.name} failed: {fatal[0]}", fatal[0].rank,
+                                fatal[0].address))
                 self.check_alive()
             raise errors[0]
         try:

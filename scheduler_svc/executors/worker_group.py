@@ -1,7 +1,9 @@
 """A worker group started by the scheduler itself: `python -m worker_svc` as a child process.
 
 Used when a remote executor is configured without worker addresses (one machine, or a test). The
-child runs in its own session so that stopping the group also stops the ranks it started.
+child runs in its own session so that stopping the group also stops the ranks it started. Its
+ports are on loopback, where any local user could reach them, so the group answers only the token
+it is given (`token_file`), or a fresh random one written to a file only this user can read.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import dataclasses
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -35,20 +38,34 @@ class RankEndpoint:
         return f"{self.host}:{self.grpc_port if transport == 'grpc' else self.zmq_port}"
 
 
+def _random_token(folder: str) -> str:
+    """A fresh token in folder (mkdtemp's: this user's alone), in a file only this user reads."""
+    path = os.path.join(folder, "worker-token")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_urlsafe(32) + "\n")
+    return path
+
+
 class LocalWorkerGroup:
-    def __init__(self, process: subprocess.Popen, endpoints: list[RankEndpoint]) -> None:
+    def __init__(self, process: subprocess.Popen, endpoints: list[RankEndpoint],
+                 token_file: str) -> None:
         self.process = process
         self.endpoints = endpoints
+        self.token_file = token_file  # the group answers only this file's token
 
     @classmethod
     def start(cls, config: WorkerConfig, host: str = "127.0.0.1",
-              timeout_s: float = STARTUP_TIMEOUT_S, extra_argv: tuple[str, ...] = ()
-              ) -> LocalWorkerGroup:
+              timeout_s: float = STARTUP_TIMEOUT_S, extra_argv: tuple[str, ...] = (),
+              token_file: str | None = None) -> LocalWorkerGroup:
         """Starts the group on free ports and returns once every rank is SERVING."""
-        ready = os.path.join(tempfile.mkdtemp(prefix="batchwire-worker-"), "ready.json")
+        folder = tempfile.mkdtemp(prefix="batchwire-worker-")
+        ready = os.path.join(folder, "ready.json")
+        token_file = token_file or _random_token(folder)
         cmd = [sys.executable, "-m", "worker_svc", *config.to_argv(), "--host", host,
                "--port", "0", "--zmq-port", "0", "--metrics-port", "0", "--ready-file", ready,
-               "--parent-pid", str(os.getpid()), *extra_argv]
+               "--parent-pid", str(os.getpid()), "--worker-token-file", token_file,
+               *extra_argv]
         if config.world_size == 1:
             cmd += ["--rank", "0"]
         process = subprocess.Popen(cmd, start_new_session=True)
@@ -68,7 +85,7 @@ class LocalWorkerGroup:
             raise
         endpoints = [RankEndpoint(r["rank"], host, r["grpc_port"], r["zmq_port"]) for r in ranks]
         logger.info("started a local worker group: %s", endpoints)
-        return cls(process, endpoints)
+        return cls(process, endpoints, token_file)
 
     def addresses(self, transport: str) -> list[str]:
         return [e.address(transport) for e in self.endpoints]

@@ -94,6 +94,8 @@ class ZmqExecutor(RemoteExecutor):
 
     def _send(self, method: str, payload: bytes, blocking: bool) -> ZmqCall:
         frames = [method.encode(), payload]
+        if self.token is not None:
+            frames.append(self.token.current().encode())  # worker_svc/server/zmq_server.py
         for rank, sock in enumerate(self.sockets):
             try:
                 sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=len(payload) < 65536)

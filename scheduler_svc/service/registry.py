@@ -6,6 +6,11 @@ executor to the engine; Deregister drains the replica and answers once it has le
 repeat Register every few seconds: for one still attached that changes nothing, and it brings the
 groups back to a scheduler that restarted. The scheduler's server hosts this service from the
 moment it binds; until its engine is loaded, Register answers UNAVAILABLE and the group retries.
+
+Registering is a privileged act (it hands the group this scheduler's traffic), so the service sits
+behind the client port's API-key interceptor like Generation: with --api-key-file a Register
+without a key gets UNAUTHENTICATED. Dialling the group back presents this scheduler's worker
+token; a group that refuses it gets PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from batchwire.v1 import registry_pb2, registry_pb2_grpc
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.engine.replicas import ReplicatedEngine
 from scheduler_svc.executors.base import Executor
-from scheduler_svc.executors.errors import WorkerError
+from scheduler_svc.executors.errors import WorkerError, WorkerRefusedError
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +76,11 @@ class WorkerRegistryServicer(registry_pb2_grpc.WorkerRegistryServicer):
             try:
                 replica_id = await asyncio.to_thread(self._attach, engine, addresses,
                                                      replica_id)
+            except WorkerRefusedError as e:
+                await context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"the group refused this scheduler's credentials: {e} (give the workers and "
+                    "the scheduler the same --worker-token-file)")
             except WorkerError as e:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"cannot reach the group: {e}")
             except ValueError as e:

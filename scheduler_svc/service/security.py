@@ -4,24 +4,20 @@ Deny by default: every service on the port needs a key except health checking an
 which probes, load balancers and grpcurl use without one. A missing or wrong key ends the call
 with UNAUTHENTICATED before the servicer sees the request.
 
-Keys come from a file, one per line (blank lines and `#` comments skipped), so that a key can be
-rotated by listing old and new together for a while. The file is read again when it changes.
-The presented key is compared with every key through hmac.compare_digest of their SHA-256
-digests: the time taken depends neither on where the keys first differ nor on their lengths.
+Keys come from a file, one per line, read again when it changes and compared in constant time
+(batchwire.common.key_file, which the worker's token uses too).
 
 TLS credentials live in batchwire.common.tls (the workers use them too); re-exported here.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import os
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import grpc
+from batchwire.common.key_file import KeyFile, bearer_token, parse_keys
 from batchwire.common.tls import ClientTls, ServerTls, add_port, channel, start_health_server
 
 logger = logging.getLogger(__name__)
@@ -34,78 +30,10 @@ OPEN_SERVICES = frozenset({
 })
 
 
-def _digest(key: str | bytes) -> bytes:
-    return hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
+class ApiKeys(KeyFile):
+    """The client API's accepted keys (`--api-key-file`)."""
 
-
-def parse_keys(text: str) -> list[str]:
-    keys = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            keys.append(line)
-    return keys
-
-
-class ApiKeys:
-    """The accepted keys, from a list or from a file that is read again when it changes."""
-
-    def __init__(self, keys: Iterable[str] = (), path: str | None = None) -> None:
-        self.path = path
-        self._mtime: float | None = None
-        self._digests: list[bytes] = [_digest(k) for k in keys]
-        if path is not None:
-            self._reload(force=True)
-        if not self._digests:
-            raise ValueError(f"no API key given{f' in {path!r}' if path else ''}: the file "
-                             "holds one key per line")
-
-    @classmethod
-    def from_file(cls, path: str) -> ApiKeys:
-        return cls(path=path)
-
-    def _reload(self, force: bool = False) -> None:
-        assert self.path is not None
-        try:
-            mtime = os.stat(self.path).st_mtime
-            if not force and mtime == self._mtime:
-                return
-            with open(self.path) as f:
-                keys = parse_keys(f.read())
-        except OSError as e:
-            if force:
-                raise ValueError(f"cannot read the API key file {self.path!r}: "
-                                 f"{e.strerror}") from None
-            logger.warning("keeping the current API keys: %s", e)
-            return
-        if not keys and not force:
-            logger.warning("the API key file %r is empty now: keeping the current keys",
-                           self.path)
-            return
-        self._digests = [_digest(k) for k in keys]
-        self._mtime = mtime
-
-    def check(self, presented: str) -> bool:
-        if self.path is not None:
-            self._reload()
-        given = _digest(presented)
-        ok = False
-        for digest in self._digests:  # no early exit: every key costs the same
-            ok |= hmac.compare_digest(given, digest)
-        return ok
-
-
-def bearer_token(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
-    """The key of the first `authorization: Bearer <key>` entry, or None."""
-    for name, value in metadata or ():
-        if name.lower() != "authorization":
-            continue
-        text = value.decode("latin-1") if isinstance(value, bytes) else str(value)
-        scheme, _, token = text.strip().partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-        return None
-    return None
+    what = "API key"
 
 
 def _service(method: str) -> str:
@@ -157,4 +85,5 @@ def interceptors(api_key_file: str | None) -> list[grpc.aio.ServerInterceptor]:
 
 
 __all__ = ["ApiKeyInterceptor", "ApiKeys", "ClientTls", "OPEN_SERVICES", "ServerTls",
-           "add_port", "bearer_token", "channel", "interceptors", "start_health_server"]
+           "add_port", "bearer_token", "channel", "interceptors", "parse_keys",
+           "start_health_server"]

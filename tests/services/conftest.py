@@ -121,10 +121,12 @@ def shared_worker(tmp_path_factory, tiny_llama):
 
 
 class WireClient:
-    """Raw calls on one transport: call(method, payload bytes) -> (status code, reply bytes)."""
+    """Raw calls on one transport: call(method, payload bytes) -> (status code, reply bytes).
+    token: presented as the scheduler does (gRPC metadata, a third ZMQ frame)."""
 
-    def __init__(self, transport: str, address: str) -> None:
+    def __init__(self, transport: str, address: str, token: str | None = None) -> None:
         self.transport = transport
+        self.token = token
         if transport == "grpc":
             self.channel = grpc.insecure_channel(address)
         else:
@@ -136,11 +138,14 @@ class WireClient:
     def call(self, method: str, payload: bytes) -> tuple[grpc.StatusCode, bytes]:
         if self.transport == "grpc":
             try:
-                reply = self.channel.unary_unary(f"/{SERVICE}/{method}")(payload, timeout=30)
+                metadata = [("authorization", f"Bearer {self.token}")] if self.token else None
+                reply = self.channel.unary_unary(f"/{SERVICE}/{method}")(
+                    payload, timeout=30, metadata=metadata)
                 return grpc.StatusCode.OK, reply
             except grpc.RpcError as e:
                 return e.code(), (e.details() or "").encode()
-        return self.frames([method.encode(), payload])
+        token = [self.token.encode()] if self.token else []
+        return self.frames([method.encode(), payload, *token])
 
     def frames(self, frames: list[bytes]) -> tuple[grpc.StatusCode, bytes]:
         """ZMQ only: sends any frames; the reply must be [status byte, payload]."""

@@ -3,6 +3,7 @@
 Requests reach WorkerServicer.call() as raw bytes (no deserializer on the handler), so a request
 that does not parse gets INVALID_ARGUMENT from the servicer, as on ZMQ, rather than gRPC's INTERNAL.
 Model work runs on the model thread; the event loop stays free to answer health checks.
+The worker token travels as `authorization: Bearer <token>` call metadata, as API keys do.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 from concurrent.futures import Executor
 
 import grpc
+from batchwire.common.key_file import bearer_token
 from batchwire.common.tls import ServerTls, add_port, start_health_server
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -35,6 +37,7 @@ SERVER_OPTIONS = [
 def _unary(servicer: WorkerServicer, method: str, model_thread: Executor):
     async def handle(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         try:
+            servicer.authorize(bearer_token(context.invocation_metadata()))
             parsed = servicer.parse(method, request)
             # NOTE: every call runs on the model thread, the one that loaded the model, even a
             # short one the event loop could run for less than the ~75 us hop: torch work split

@@ -4,21 +4,76 @@ Registration runs on a thread of its own: the scheduler may not be up yet (retri
 and may restart later (Register is repeated every few seconds; for a group still attached that
 changes nothing). Deregister, on the way out, blocks until the scheduler has finished or moved
 the group's requests.
+
+The link to the scheduler is its client port, so it takes the same security as any client
+(`SchedulerLink`): TLS trusting a CA (with a name to check instead of the address dialled),
+mutual TLS with a certificate of the worker's own, and an API key sent as `authorization: Bearer
+<key>` (WorkerRegistry needs one wherever the scheduler has --api-key-file). The key file is read
+again at every attempt, so a rotated key is picked up. The scheduler dials the group back with
+its own worker token (`--worker-token-file` on both): nothing secret travels in the request.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import socket
 import threading
+from typing import Any
 
 import grpc
+from batchwire.common import tls as tls_links
+from batchwire.common.key_file import bearer_metadata, parse_keys
 from batchwire.v1 import registry_pb2, registry_pb2_grpc
 
 logger = logging.getLogger(__name__)
 
 REFRESH_S = 5.0  # how often an attached group repeats Register
 DRAIN_TIMEOUT_S = 600.0  # the longest Deregister may take
+
+
+# A refusal that retrying with the same settings cannot cure; said louder than a scheduler that
+# is still starting.
+_MISCONFIGURED = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                            grpc.StatusCode.FAILED_PRECONDITION})
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SchedulerLink:
+    address: str  # the scheduler's client port, host:port
+    tls: tls_links.ClientTls | None = None  # None: plaintext
+    api_key_file: str | None = None  # its first key is sent as `authorization: Bearer <key>`
+
+    def __post_init__(self) -> None:
+        self.metadata()  # a missing or empty key file fails at start-up, not at each attempt
+
+    @classmethod
+    def from_args(cls, args: Any) -> SchedulerLink | None:
+        """From `batchwire worker`'s options; None without --scheduler-address. Raises
+        ValueError for files that cannot be read or options that do not go together."""
+        if not args.scheduler_address:
+            if args.scheduler_tls_ca or args.scheduler_tls_cert or args.scheduler_api_key_file:
+                raise ValueError("--scheduler-tls-* and --scheduler-api-key-file secure "
+                                 "registration: they need --scheduler-address")
+            return None
+        tls = tls_links.ClientTls.from_options(
+            args.scheduler_tls_ca, args.scheduler_tls_cert, args.scheduler_tls_key,
+            args.scheduler_tls_server_name, what="--scheduler-tls")
+        return cls(args.scheduler_address, tls, args.scheduler_api_key_file)
+
+    def metadata(self) -> tuple[tuple[str, str], ...] | None:
+        if self.api_key_file is None:
+            return None
+        try:
+            with open(self.api_key_file) as f:
+                keys = parse_keys(f.read())
+        except OSError as e:
+            raise ValueError(f"cannot read the scheduler API key file {self.api_key_file!r}: "
+                             f"{e.strerror}") from None
+        if not keys:
+            raise ValueError(f"no API key in {self.api_key_file!r}: the file holds one key a "
+                             "line, and the first is sent")
+        return bearer_metadata(keys[0])
 
 
 def advertised_host(advertise_host: str | None, bind_host: str) -> str:
@@ -32,7 +87,7 @@ def advertised_host(advertise_host: str | None, bind_host: str) -> str:
 class Registration:
     def __init__(
         self,
-        scheduler_address: str,
+        scheduler: SchedulerLink,
         advertise_host: str | None,
         bind_host: str,
         ranks: list[dict],
@@ -54,9 +109,10 @@ class Registration:
         self.request = registry_pb2.RegisterRequest(
             group_id=f"{host}:{ranks[0]['grpc_port']}", ranks=endpoints
         )
-        self.channel = grpc.insecure_channel(scheduler_address)
+        self.scheduler = scheduler
+        self.channel = tls_links.channel(scheduler.address, scheduler.tls)
         self.stub = registry_pb2_grpc.WorkerRegistryStub(self.channel)
-        self.scheduler_address = scheduler_address
+        self.scheduler_address = scheduler.address
         self.replica_id: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="registration", daemon=True)
@@ -65,20 +121,34 @@ class Registration:
         """Starts registering in the background; returns at once."""
         self._thread.start()
 
+    def register_once(self, timeout_s: float = 120.0) -> str:
+        """One Register call; returns the replica id, or raises grpc.RpcError."""
+        reply = self.stub.Register(self.request, timeout=timeout_s,
+                                   metadata=self._metadata())
+        if reply.replica_id != self.replica_id:
+            logger.info("registered with %s as %s", self.scheduler_address, reply.replica_id)
+        self.replica_id = reply.replica_id
+        return reply.replica_id
+
+    def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+        try:
+            return self.scheduler.metadata()
+        except ValueError as e:  # gone or emptied since start-up: try without, and say why
+            logger.error("%s", e)
+            return None
+
     def _run(self) -> None:
         backoff = 0.2
         while not self._stop.is_set():
             try:
-                reply = self.stub.Register(self.request, timeout=120)
-                if reply.replica_id != self.replica_id:
-                    logger.info(
-                        "registered with %s as %s", self.scheduler_address, reply.replica_id
-                    )
-                self.replica_id = reply.replica_id
+                self.register_once()
                 backoff = REFRESH_S
             except grpc.RpcError as e:
-                logger.warning("registering with %s: %s %s", self.scheduler_address,
-                               e.code().name, e.details())  # fmt: skip
+                # Retried all the same: the scheduler's keys or its workers' token may be fixed
+                # while this worker waits.
+                log = logger.error if e.code() in _MISCONFIGURED else logger.warning
+                log("registering with %s: %s %s%s", self.scheduler_address, e.code().name,
+                    e.details(), _hint(e.code(), self.scheduler))  # fmt: skip
                 backoff = min(2 * backoff, REFRESH_S)
             self._stop.wait(backoff)
 
@@ -91,7 +161,8 @@ class Registration:
             return
         try:
             reply = self.stub.Deregister(
-                registry_pb2.DeregisterRequest(replica_id=self.replica_id), timeout=DRAIN_TIMEOUT_S
+                registry_pb2.DeregisterRequest(replica_id=self.replica_id),
+                timeout=DRAIN_TIMEOUT_S, metadata=self._metadata(),
             )
             logger.info("left %s: %d request(s) moved, %d lost", self.scheduler_address,
                         reply.num_moved, reply.num_lost)  # fmt: skip
@@ -100,3 +171,11 @@ class Registration:
                            e.details())  # fmt: skip
         finally:
             self.channel.close()
+
+
+def _hint(code: grpc.StatusCode, link: SchedulerLink) -> str:
+    if code == grpc.StatusCode.UNAUTHENTICATED and link.api_key_file is None:
+        return " (the scheduler requires an API key: --scheduler-api-key-file)"
+    if code == grpc.StatusCode.PERMISSION_DENIED:
+        return " (give this worker and the scheduler the same --worker-token-file)"
+    return ""

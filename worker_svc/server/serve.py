@@ -17,12 +17,14 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from batchwire.common.key_file import WorkerToken
 from batchwire.common.ports import PortRequest, check_free
 from batchwire.common.tls import ServerTls
 from batchwire.common.worker_config import WorkerConfig
 
 from worker_svc.metrics import WorkerMetrics
 from worker_svc.server.grpc_server import GrpcWorkerServer
+from worker_svc.server.registration import Registration, SchedulerLink
 from worker_svc.server.servicer import WorkerServicer
 from worker_svc.server.zmq_server import ZmqWorkerServer
 
@@ -39,7 +41,7 @@ class ServeOptions:
     grpc_port: int = 50061  # 0 = any free port
     zmq_port: int = 50062  # 0 = any free port
     ready_file: str | None = None  # JSON with the bound ports, written once SERVING
-    scheduler_address: str | None = None  # register with this scheduler once SERVING
+    scheduler: SchedulerLink | None = None  # register with this scheduler once SERVING
     advertise_host: str | None = None  # how the scheduler reaches this worker
     grace_s: float = 10.0  # the longest a call in progress may take to finish on shutdown
     tls: ServerTls | None = None  # the gRPC port speaks TLS (mutual with a client CA)
@@ -49,6 +51,9 @@ class ServeOptions:
     zmq: bool = True
     parent_pid: int | None = None  # stop once this process is gone (whoever started us)
     metrics_port: int | None = 9091  # Prometheus /metrics; 0 = any free port, None = off
+    # Every Worker call must present this token (the scheduler's --worker-token-file);
+    # None = any caller that reaches the ports, unless mutual TLS admits only the scheduler.
+    token: WorkerToken | None = None
 
 
 def write_ready_file(path: str, info: dict[str, Any]) -> None:
@@ -87,11 +92,14 @@ async def serve(
     def on_shutdown() -> None:
         loop.call_soon_threadsafe(stop.set)
 
-    servicer = WorkerServicer(on_shutdown=on_shutdown, metrics=metrics)
     check_free(ports_to_open(options))  # all of them before the model loads, none bound yet
     servicer = WorkerServicer(
-        on_shutdown=on_shutdown, metrics=metrics, is_output_rank=config.rank == config.output_rank
+        on_shutdown=on_shutdown,
+        metrics=metrics,
+        is_output_rank=config.rank == config.output_rank,
+        token=options.token,
     )
+    _warn_if_open(options)
     metrics_port = None
     if options.metrics_port is not None:
         metrics_port = metrics.serve(options.host, options.metrics_port)
@@ -135,11 +143,9 @@ async def serve(
             ports["metrics_port"] = metrics_port
         if options.ready_file:
             write_ready_file(options.ready_file, {"ranks": [ports]})
-        if options.scheduler_address:
-            from worker_svc.server.registration import Registration
-
+        if options.scheduler is not None:
             registration = Registration(
-                options.scheduler_address,
+                options.scheduler,
                 options.advertise_host,
                 options.host,
                 [ports],
@@ -159,6 +165,19 @@ async def serve(
         model_thread.shutdown(wait=servicer.worker is not None)
         if options.parent_pid is not None:
             orphan_watch.cancel()
+
+
+def _warn_if_open(options: ServeOptions) -> None:
+    """Loopback stays as easy as before; a port others can reach says what it lets in."""
+    if options.token is not None or options.host in ("127.0.0.1", "localhost", "::1"):
+        return
+    if options.tls is None or not options.tls.mutual:
+        logger.warning("no --worker-token-file and no mutual TLS: anyone who reaches %s can run "
+                       "steps, Reset or Shutdown on this worker", options.host)
+    elif options.zmq:
+        logger.warning("mutual TLS guards the gRPC port only: anyone who reaches ZMQ port on %s "
+                       "can drive this worker; give --worker-token-file or --no-zmq",
+                       options.host)
 
 
 async def _stop_when_orphaned(parent_pid: int, stop: asyncio.Event, period_s: float = 1.0) -> None:

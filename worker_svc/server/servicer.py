@@ -3,6 +3,12 @@
 Both servers (gRPC and ZMQ) call WorkerServicer.call(), so the protocol rules (the two-call step,
 what a malformed request gets) and the mapping of errors to status codes live here, once.
 Model work is serialised by a lock: the two transports may be used at the same time.
+
+Who may call: with a worker token (`--worker-token-file`), every Worker method, GetInfo included,
+needs the token the scheduler presents; a call without it or with another is refused with
+UNAUTHENTICATED before its request is even parsed, so the batch is never touched. Health checks
+are a service of their own and stay open (probes). With mutual TLS the handshake already admits
+only the scheduler's certificate; a token then is checked as well.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from batchwire.common.key_file import WorkerToken
 from batchwire.v1 import worker_pb2
 from google.protobuf.message import DecodeError, Message
 
@@ -52,7 +59,9 @@ class WorkerServicer:
         on_shutdown: Callable[[], None] | None = None,
         metrics: WorkerMetrics | None = None,
         is_output_rank: bool = True,
+        token: WorkerToken | None = None,
     ) -> None:
+        self.token = token  # None: no token needed (loopback, or mutual TLS)
         self.worker = worker  # None while the model loads: calls get UNAVAILABLE
         self.on_shutdown = on_shutdown
         self.metrics = metrics
@@ -73,8 +82,21 @@ class WorkerServicer:
         }
 
     def call(self, method: str, payload: bytes) -> bytes:
-        """Runs one call; raises WorkerCallError with the client's status code on any failure."""
+        """Runs one call (authorized already); raises WorkerCallError with the client's status
+        code on any failure."""
         return self.run(method, self.parse(method, payload))
+
+    def authorize(self, presented: str | bytes | None) -> None:
+        """Raises UNAUTHENTICATED unless presented is the worker token (when one is set). Each
+        server calls it first, on its own thread: a refused call never reaches the model thread."""
+        if self.token is None:
+            return
+        if not presented:
+            raise WorkerCallError(grpc.StatusCode.UNAUTHENTICATED,
+                                  "missing worker token: this worker answers only a scheduler "
+                                  "started with the same --worker-token-file")
+        if not self.token.check(presented):
+            raise WorkerCallError(grpc.StatusCode.UNAUTHENTICATED, "invalid worker token")
 
     def parse(self, method: str, payload: bytes) -> Message:
         entry = self.methods.get(method)

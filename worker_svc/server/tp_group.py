@@ -54,6 +54,12 @@ def _strip(argv: list[str], names: tuple[str, ...]) -> list[str]:
 
 
 def run_group(args: argparse.Namespace, argv: list[str]) -> int:
+    from worker_svc.server.registration import SchedulerLink
+
+    try:  # the launcher registers the group: the ranks get neither the address nor its security
+        scheduler = SchedulerLink.from_args(args)
+    except ValueError as e:
+        raise SystemExit(f"batchwire worker: {e}") from None
     size = args.tensor_parallel_size * args.pipeline_parallel_size
     init_method = args.distributed_init_method or f"tcp://127.0.0.1:{free_port()}"
     common = _strip(
@@ -65,6 +71,11 @@ def run_group(args: argparse.Namespace, argv: list[str]) -> int:
             "--ready-file",
             "--distributed-init-method",
             "--scheduler-address",
+            "--scheduler-tls-ca",
+            "--scheduler-tls-cert",
+            "--scheduler-tls-key",
+            "--scheduler-tls-server-name",
+            "--scheduler-api-key-file",
             "--parent-pid",
         ),
     )
@@ -100,12 +111,10 @@ def run_group(args: argparse.Namespace, argv: list[str]) -> int:
             return 1
         if args.ready_file:
             write_ready_file(args.ready_file, {"ranks": ranks, "pid": os.getpid()})
-        if args.scheduler_address:
+        if scheduler is not None:
             from worker_svc.server.registration import Registration
 
-            registration = Registration(
-                args.scheduler_address, args.advertise_host, args.host, ranks, size
-            )
+            registration = Registration(scheduler, args.advertise_host, args.host, ranks, size)
             registration.register()
         logger.info(
             "group of %d stage(s) x %d rank(s) serving",

@@ -1,9 +1,19 @@
 """The Worker service over ZMQ: the per-step path with the least overhead.
 
-A request is two frames, [method name, serialized protobuf]; a reply is two frames,
-[status code as one byte, serialized protobuf or, on error, the UTF-8 message]. Nothing is
-pickled. One thread owns the ROUTER socket; it hands each call to the model thread, the one that
-loaded the model and runs every gRPC call too, and waits for it. NOTE: the hand-off costs tens of
+A request is two frames, [method name, serialized protobuf], or three with the worker token
+last where the worker has one (`--worker-token-file`); a reply is two frames, [status code as
+one byte, serialized protobuf or, on error, the UTF-8 message]. Nothing is pickled.
+
+NOTE: the token rides in a frame of every request, checked with hmac.compare_digest like the
+gRPC metadata, rather than in ZMQ's own PLAIN or CURVE handshake. A refusal is then an ordinary
+reply, UNAUTHENTICATED, that the executor reports as gRPC does, where a failed ZAP handshake only
+looks like a worker that cannot be reached; PLAIN would send the same secret in clear anyway, and
+CURVE (which would also encrypt) needs key pairs that nothing here issues or rotates and costs the
+hot path its crypto. A link that must be encrypted runs gRPC with mutual TLS, and its workers
+open no ZMQ port (--no-zmq, as components/tls starts them).
+
+One thread owns the ROUTER socket; it hands each call to the model thread, the one that loaded
+the model and runs every gRPC call too, and waits for it. NOTE: the hand-off costs tens of
 microseconds, running torch on a second thread far more: with torch's parallel work split over
 two threads' OpenMP teams, a W64 decode step on 2 cores took ~40% longer. Liveness while a long
 step runs is answered by libzmq's heartbeats, which need no Python.
@@ -78,13 +88,19 @@ class ZmqWorkerServer:
             sock.close(linger=_REPLY_LINGER_MS)
 
     def _answer(self, frames: list[bytes]) -> list[bytes]:
-        if len(frames) != 2:
-            return _error(
-                grpc.StatusCode.INVALID_ARGUMENT,
-                f"expected 2 frames [method, request], got {len(frames)}",
-            )
+        expected = 2 if self.servicer.token is None else 3  # a token frame only where one is due
+        if len(frames) != expected:
+            if len(frames) == 2:
+                return _error(grpc.StatusCode.UNAUTHENTICATED, "missing worker token: this "
+                              "worker answers only a scheduler started with the same "
+                              "--worker-token-file (a third frame)")
+            shape = "[method, request]" if expected == 2 else "[method, request, worker token]"
+            hint = " (this worker takes no token)" if expected == 2 and len(frames) == 3 else ""
+            return _error(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"expected {expected} frames {shape}, got {len(frames)}{hint}")
         method = frames[0].decode("utf-8", errors="replace")
         try:
+            self.servicer.authorize(frames[2] if expected == 3 else None)
             return [OK, self.model_thread.submit(self.servicer.call, method, frames[1]).result()]
         except WorkerCallError as e:
             return _error(e.code, e.message)
