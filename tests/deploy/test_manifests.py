@@ -229,7 +229,7 @@ def test_secret_files_are_mounted(docs):
         secrets = {v["name"] for v in spec["volumes"] if "secret" in v}
         mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
         for e in c["env"]:
-            if re.search(r"TLS_(CERT|KEY|CA)$|API_KEY_FILE$", e["name"]):
+            if re.search(r"TLS_(CERT|KEY|CA)$|API_KEY_FILE$|TOKEN_FILE$", e["name"]):
                 folder = e["value"].rsplit("/", 1)[0]
                 assert mounts.get(folder) in secrets, (e["name"], e["value"])
 
@@ -373,6 +373,20 @@ def test_tls_overlay_probes_the_plaintext_health_port(kubectl):
             assert container(w)[probe]["grpc"]["port"] == health
     assert env(workers(docs), docs)["BATCHWIRE_NO_ZMQ"] == "1"
     assert env(scheduler(docs), docs)["BATCHWIRE_TRANSPORT"] == "grpc"
+
+
+def test_scheduler_and_workers_read_one_worker_token_secret(kubectl):
+    docs = [d for d in yaml.safe_load_all(render(kubectl, "gpu")) if d]
+    sources = []
+    for w in (scheduler(docs), workers(docs)):
+        path = env(w, docs)["BATCHWIRE_WORKER_TOKEN_FILE"]
+        folder, key = path.rsplit("/", 1)
+        (mount,) = [m for m in container(w)["volumeMounts"] if m["mountPath"] == folder]
+        assert mount.get("readOnly") is True, mount
+        (volume,) = [v for v in w["spec"]["template"]["spec"]["volumes"]
+                     if v["name"] == mount["name"]]
+        sources.append((volume["secret"]["secretName"], key))
+    assert sources == [("batchwire-worker-token", "worker-token")] * 2
 
 
 def test_torch_threads_fit_the_cpu_limit(docs):
