@@ -11,12 +11,14 @@ through it all the scheduler keeps serving Generate through that worker, which a
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
 
 import grpc
 import pytest
+from batchwire.common.key_file import WorkerToken
 from batchwire.common.tls import ClientTls, channel
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 from batchwire.v1 import worker_pb2 as pb
@@ -215,3 +217,18 @@ def test_the_worker_leaves_with_its_key(deployment):
     registering.signal(signal.SIGTERM)
     assert registering.process.wait(timeout=30) == 0
     assert "0 request(s) moved, 0 lost" in registering.log(), registering.log()
+
+
+def test_a_rotated_token_file_is_read_again(tmp_path):
+    """The scheduler sends the file's first token; a worker accepts every one listed."""
+    path = tmp_path / "token"
+    path.write_text("old\n")
+    sender, checker = WorkerToken.from_file(str(path)), WorkerToken.from_file(str(path))
+    assert sender.current() == "old" and checker.check("old") and not checker.check("new")
+    path.write_text("new\nold\n")
+    os.utime(path, (time.time() + 5, time.time() + 5))  # a new mtime, however coarse the clock
+    assert sender.current() == "new"
+    assert checker.check("new") and checker.check(b"old") and not checker.check("")
+    path.write_text("")  # emptied by mistake: the tokens read before still hold
+    os.utime(path, (time.time() + 10, time.time() + 10))
+    assert sender.current() == "new" and checker.check("old")

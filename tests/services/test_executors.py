@@ -7,6 +7,7 @@ from __future__ import annotations
 import signal
 import time
 
+import grpc
 import pytest
 
 from scheduler_svc.core.sampling_params import SamplingParams
@@ -16,7 +17,7 @@ from scheduler_svc.executors.errors import WorkerError, WorkerUnavailableError
 from scheduler_svc.executors.grpc_executor import GrpcExecutor
 from scheduler_svc.executors.zmq_executor import ZmqExecutor
 
-from .conftest import scheduler_config
+from .conftest import WireClient, scheduler_config
 
 EXECUTORS = {"grpc": GrpcExecutor, "zmq": ZmqExecutor}
 
@@ -68,6 +69,12 @@ def test_executor_starts_and_stops_its_own_worker_group(tiny_llama, uni_tokens):
     group = engine.executor.group
     assert group is not None
     try:
+        # Its loopback ports answer only the random token the executor holds.
+        for transport in ("grpc", "zmq"):
+            stranger = WireClient(transport, group.addresses(transport)[0])
+            code, message = stranger.call("Shutdown", b"")
+            stranger.close()
+            assert code == grpc.StatusCode.UNAUTHENTICATED, (transport, code, message)
         assert run_workload(engine) == uni_tokens
     finally:
         engine.shutdown()
