@@ -95,9 +95,21 @@ class KeyFile:
 
 
 class WorkerToken(KeyFile):
-    """The token the scheduler presents to its workers (`--worker-token-file` on both)."""
+    """The token the scheduler presents to its workers (`--worker-token-file` on both), and that
+    a worker presents when it registers (metadata WORKER_TOKEN_HEADER: `authorization` carries
+    the client API key there)."""
 
     what = "worker token"
+
+
+WORKER_TOKEN_HEADER = "x-batchwire-worker-token"
+
+
+def header_value(metadata: Iterable[tuple[str, Any]] | None, name: str) -> str | None:
+    for key, value in metadata or ():
+        if key.lower() == name:
+            return value.decode("latin-1") if isinstance(value, bytes) else str(value)
+    return None
 
 
 def bearer_token(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
@@ -118,4 +130,5 @@ def bearer_metadata(secret: str | None) -> tuple[tuple[str, str], ...] | None:
     return (("authorization", f"Bearer {secret}"),) if secret else None
 
 
-__all__ = ["KeyFile", "WorkerToken", "bearer_metadata", "bearer_token", "parse_keys"]
+__all__ = ["WORKER_TOKEN_HEADER", "KeyFile", "WorkerToken", "bearer_metadata", "bearer_token",
+           "header_value", "parse_keys"]

@@ -7,10 +7,12 @@ repeat Register every few seconds: for one still attached that changes nothing, 
 groups back to a scheduler that restarted. The scheduler's server hosts this service from the
 moment it binds; until its engine is loaded, Register answers UNAVAILABLE and the group retries.
 
-Registering is a privileged act (it hands the group this scheduler's traffic), so the service sits
-behind the client port's API-key interceptor like Generation: with --api-key-file a Register
-without a key gets UNAUTHENTICATED. Dialling the group back presents this scheduler's worker
-token; a group that refuses it gets PERMISSION_DENIED.
+Registering is a privileged act (it hands the group clients' prompts), so the service sits behind
+the client port's API-key interceptor like Generation: with --api-key-file a Register without a
+key gets UNAUTHENTICATED. A client key alone is not enough where the scheduler has a worker token:
+Register and Deregister must then present it too (metadata `x-batchwire-worker-token`), so that
+no API client can pass itself off as a worker, nor detach one. Dialling the group back presents
+the same token; a group that refuses it gets PERMISSION_DENIED.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import asyncio
 import logging
 
 import grpc
+from batchwire.common.key_file import WORKER_TOKEN_HEADER, WorkerToken, header_value
 from batchwire.v1 import registry_pb2, registry_pb2_grpc
 
 from scheduler_svc.config import SchedulerConfig
@@ -36,6 +39,8 @@ class WorkerRegistryServicer(registry_pb2_grpc.WorkerRegistryServicer):
                  attach_timeout_s: float = 60.0) -> None:
         self.config = config
         self.attach_timeout_s = attach_timeout_s
+        token_file = config.worker_token_file
+        self.token = WorkerToken.from_file(token_file) if token_file else None
         self.engine: ReplicatedEngine | None = None  # None until the server has loaded it
         self.executor_class: type[Executor] | None = None
         self.transport = ""
@@ -48,6 +53,17 @@ class WorkerRegistryServicer(registry_pb2_grpc.WorkerRegistryServicer):
         self.executor_class = Executor.get_class(self.config)
         self.transport = self.executor_class.transport
         self.engine = engine
+
+    async def _check_token(self, context: grpc.aio.ServicerContext) -> None:
+        if self.token is None:
+            return
+        presented = header_value(context.invocation_metadata(), WORKER_TOKEN_HEADER)
+        if not presented:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing worker token: this "
+                                "scheduler takes registrations only from workers started with "
+                                "its --worker-token-file")
+        if not self.token.check(presented or ""):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "invalid worker token")
 
     async def _engine(self, context: grpc.aio.ServicerContext) -> ReplicatedEngine:
         if self.engine is None:
@@ -62,6 +78,7 @@ class WorkerRegistryServicer(registry_pb2_grpc.WorkerRegistryServicer):
 
     async def Register(self, request: registry_pb2.RegisterRequest,
                        context: grpc.aio.ServicerContext) -> registry_pb2.RegisterResponse:
+        await self._check_token(context)
         if not request.group_id or not request.ranks:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "group_id and ranks are required")
         engine = await self._engine(context)
@@ -91,6 +108,7 @@ class WorkerRegistryServicer(registry_pb2_grpc.WorkerRegistryServicer):
 
     async def Deregister(self, request: registry_pb2.DeregisterRequest,
                          context: grpc.aio.ServicerContext) -> registry_pb2.DeregisterResponse:
+        await self._check_token(context)
         future = (await self._engine(context)).detach(request.replica_id)
         try:
             moved, lost = await asyncio.wrap_future(future)

@@ -3,7 +3,8 @@
 One scheduler that requires mutual TLS and an API key on its client port, and one worker that
 registers with it over that port (--scheduler-tls-*, --scheduler-api-key-file) and answers only
 the shared worker token (--worker-token-file on both, set through the environment as the
-manifests do). Registration without the key or the certificate is refused; Worker calls without
+manifests do), which registering presents too. Registration without the key, the token or the
+certificate is refused; Worker calls without
 the token or with another, over gRPC and ZMQ, get UNAUTHENTICATED and leave the batch as it was;
 through it all the scheduler keeps serving Generate through that worker, which at last leaves it
 (Deregister, with the key).
@@ -131,25 +132,36 @@ def test_a_worker_registers_over_mutual_tls_with_a_key_and_serves(deployment):
 
 
 def registration(deployment, files, *, tls: bool = True, cert: bool = True,
-                 key_file: str | None = None) -> Registration:
+                 key_file: str | None = None, token: str | None = TOKEN) -> Registration:
     client = ClientTls.from_options(files["ca"], *(files["client"] if cert else (None, None)))
     link = SchedulerLink(deployment["address"], client if tls else None, key_file)
     rank = {"rank": 0, "grpc_port": 1, "zmq_port": 2}  # never dialled: refused before that
-    return Registration(link, "127.0.0.1", "127.0.0.1", [rank], 1)
+    return Registration(link, "127.0.0.1", "127.0.0.1", [rank], 1,
+                        WorkerToken([token]) if token else None)
 
 
-@pytest.mark.parametrize("who", ["no key", "another key", "no client certificate", "plaintext"])
-def test_registration_without_the_key_or_certificate_is_refused(deployment, files, who):
-    reg = registration(deployment, files, key_file={"another key": files["other_key"]}.get(who),
+REFUSED_REGISTRATIONS = {  # who: (the API key file, the worker token, what the refusal names)
+    "no key": (None, TOKEN, "missing API key"),
+    "another key": ("other_key", TOKEN, "invalid API key"),
+    # An API client is no worker: the scheduler has a worker token, and it is not presented.
+    "a client key alone": ("api_keys", None, "missing worker token"),
+    "another worker token": ("api_keys", "not-" + TOKEN, "invalid worker token"),
+}
+
+
+@pytest.mark.parametrize("who", [*REFUSED_REGISTRATIONS, "no client certificate", "plaintext"])
+def test_registration_without_the_key_token_or_certificate_is_refused(deployment, files, who):
+    key, token, named = REFUSED_REGISTRATIONS.get(who, ("api_keys", TOKEN, ""))
+    reg = registration(deployment, files, key_file=files[key] if key else None, token=token,
                        cert=who != "no client certificate", tls=who != "plaintext")
     try:
         with pytest.raises(grpc.RpcError) as e:
             reg.register_once(timeout_s=10)
     finally:
         reg.channel.close()
-    if who in ("no key", "another key"):
+    if who in REFUSED_REGISTRATIONS:
         assert e.value.code() == UNAUTHENTICATED, e.value
-        assert "API key" in (e.value.details() or "")
+        assert named in (e.value.details() or ""), e.value
     else:  # the TLS handshake fails: no call reaches the registry
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value
 

@@ -9,8 +9,10 @@ The link to the scheduler is its client port, so it takes the same security as a
 (`SchedulerLink`): TLS trusting a CA (with a name to check instead of the address dialled),
 mutual TLS with a certificate of the worker's own, and an API key sent as `authorization: Bearer
 <key>` (WorkerRegistry needs one wherever the scheduler has --api-key-file). The key file is read
-again at every attempt, so a rotated key is picked up. The scheduler dials the group back with
-its own worker token (`--worker-token-file` on both): nothing secret travels in the request.
+again at every attempt, so a rotated key is picked up. A worker with a token presents it too
+(metadata `x-batchwire-worker-token`): a scheduler with --worker-token-file takes registrations
+only from workers that know it, and dials them back with it. Without TLS both secrets go to
+whoever answers at --scheduler-address.
 """
 
 from __future__ import annotations
@@ -23,7 +25,12 @@ from typing import Any
 
 import grpc
 from batchwire.common import tls as tls_links
-from batchwire.common.key_file import bearer_metadata, parse_keys
+from batchwire.common.key_file import (
+    WORKER_TOKEN_HEADER,
+    WorkerToken,
+    bearer_metadata,
+    parse_keys,
+)
 from batchwire.v1 import registry_pb2, registry_pb2_grpc
 
 logger = logging.getLogger(__name__)
@@ -92,7 +99,9 @@ class Registration:
         bind_host: str,
         ranks: list[dict],
         tensor_parallel_size: int,
+        token: WorkerToken | None = None,
     ) -> None:
+        self.token = token  # this group's worker token, presented with each call
         host = advertised_host(advertise_host, bind_host)
         endpoints = [
             registry_pb2.WorkerEndpoint(
@@ -130,12 +139,13 @@ class Registration:
         self.replica_id = reply.replica_id
         return reply.replica_id
 
-    def _metadata(self) -> tuple[tuple[str, str], ...] | None:
+    def _metadata(self) -> tuple[tuple[str, str], ...]:
+        token = ((WORKER_TOKEN_HEADER, self.token.current()),) if self.token else ()
         try:
-            return self.scheduler.metadata()
+            return (*(self.scheduler.metadata() or ()), *token)
         except ValueError as e:  # gone or emptied since start-up: try without, and say why
             logger.error("%s", e)
-            return None
+            return token
 
     def _run(self) -> None:
         backoff = 0.2
@@ -148,7 +158,7 @@ class Registration:
                 # while this worker waits.
                 log = logger.error if e.code() in _MISCONFIGURED else logger.warning
                 log("registering with %s: %s %s%s", self.scheduler_address, e.code().name,
-                    e.details(), _hint(e.code(), self.scheduler))  # fmt: skip
+                    e.details(), _hint(e.code()))  # fmt: skip
                 backoff = min(2 * backoff, REFRESH_S)
             self._stop.wait(backoff)
 
@@ -173,9 +183,10 @@ class Registration:
             self.channel.close()
 
 
-def _hint(code: grpc.StatusCode, link: SchedulerLink) -> str:
-    if code == grpc.StatusCode.UNAUTHENTICATED and link.api_key_file is None:
-        return " (the scheduler requires an API key: --scheduler-api-key-file)"
+def _hint(code: grpc.StatusCode) -> str:
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return (" (the scheduler's --api-key-file and --worker-token-file: this worker's "
+                "--scheduler-api-key-file and --worker-token-file)")
     if code == grpc.StatusCode.PERMISSION_DENIED:
         return " (give this worker and the scheduler the same --worker-token-file)"
     return ""

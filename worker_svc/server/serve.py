@@ -150,6 +150,7 @@ async def serve(
                 options.host,
                 [ports],
                 config.world_size,
+                options.token,
             )
             registration.register()
         await stop.wait()

@@ -54,10 +54,13 @@ def _strip(argv: list[str], names: tuple[str, ...]) -> list[str]:
 
 
 def run_group(args: argparse.Namespace, argv: list[str]) -> int:
+    from batchwire.common.key_file import WorkerToken
+
     from worker_svc.server.registration import SchedulerLink
 
     try:  # the launcher registers the group: the ranks get neither the address nor its security
         scheduler = SchedulerLink.from_args(args)
+        token = WorkerToken.from_file(args.worker_token_file) if args.worker_token_file else None
     except ValueError as e:
         raise SystemExit(f"batchwire worker: {e}") from None
     size = args.tensor_parallel_size * args.pipeline_parallel_size
@@ -114,7 +117,8 @@ def run_group(args: argparse.Namespace, argv: list[str]) -> int:
         if scheduler is not None:
             from worker_svc.server.registration import Registration
 
-            registration = Registration(scheduler, args.advertise_host, args.host, ranks, size)
+            registration = Registration(scheduler, args.advertise_host, args.host, ranks, size,
+                                        token)
             registration.register()
         logger.info(
             "group of %d stage(s) x %d rank(s) serving",
