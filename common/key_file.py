@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import logging
 import os
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -40,10 +41,12 @@ class KeyFile:
     """The accepted secrets, from a list or from a file that is read again when it changes."""
 
     what = "key"  # how errors and logs name the secret
+    recheck_s = 0.0  # the file's modification time is looked at no more often than this
 
     def __init__(self, keys: Iterable[str] = (), path: str | None = None) -> None:
         self.path = path
         self._mtime: float | None = None
+        self._next_look = 0.0
         self._keys: list[str] = list(keys)
         self._digests: list[bytes] = [_digest(k) for k in self._keys]
         if path is not None:
@@ -58,6 +61,11 @@ class KeyFile:
 
     def _reload(self, force: bool = False) -> None:
         assert self.path is not None
+        if not force and self.recheck_s:
+            now = time.monotonic()
+            if now < self._next_look:
+                return
+            self._next_look = now + self.recheck_s
         try:
             mtime = os.stat(self.path).st_mtime
             if not force and mtime == self._mtime:
@@ -100,6 +108,10 @@ class WorkerToken(KeyFile):
     the client API key there)."""
 
     what = "worker token"
+    # Every step's call presents and checks it: looking at the file once a second, sending and
+    # checking cost ~2.7 us a call, against ~14 us with a stat each time (same run, a loaded
+    # 2-core machine); a rotation waits that second.
+    recheck_s = 1.0
 
 
 WORKER_TOKEN_HEADER = "x-batchwire-worker-token"

@@ -236,6 +236,7 @@ def test_a_rotated_token_file_is_read_again(tmp_path):
     path = tmp_path / "token"
     path.write_text("old\n")
     sender, checker = WorkerToken.from_file(str(path)), WorkerToken.from_file(str(path))
+    sender.recheck_s = checker.recheck_s = 0.0  # look at the file every time (1 s in service)
     assert sender.current() == "old" and checker.check("old") and not checker.check("new")
     path.write_text("new\nold\n")
     os.utime(path, (time.time() + 5, time.time() + 5))  # a new mtime, however coarse the clock
