@@ -245,3 +245,25 @@ def test_a_rotated_token_file_is_read_again(tmp_path):
     path.write_text("")  # emptied by mistake: the tokens read before still hold
     os.utime(path, (time.time() + 10, time.time() + 10))
     assert sender.current() == "new" and checker.check("old")
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--worker-token-file", "/nonexistent/token"], "cannot read the worker token file"),
+    (["--scheduler-address", "127.0.0.1:1", "--scheduler-api-key-file", "/nonexistent/keys"],
+     "cannot read the scheduler API key file"),
+    (["--scheduler-tls-ca", "ca.crt"], "need --scheduler-address"),
+])
+def test_worker_options_that_cannot_work_stop_it_at_start(argv, error):
+    from worker_svc.__main__ import main
+
+    with pytest.raises(SystemExit, match=error):
+        main(["--no-metrics", "--port", "0", "--zmq-port", "0", *argv])
+
+
+def test_scheduler_refuses_an_empty_worker_token_file(tmp_path):
+    from scheduler_svc.cli.commands import main
+
+    (tmp_path / "token").write_text("# no token yet\n")
+    with pytest.raises(SystemExit, match="no worker token"):
+        main(["scheduler", "--port", "0", "--no-http", "--no-metrics",
+              "--worker-token-file", str(tmp_path / "token")])
