@@ -204,15 +204,23 @@ def test_worker_calls_without_the_token_are_refused_and_the_batch_kept(deploymen
 
 
 @pytest.mark.parametrize("executor", [GrpcExecutor, ZmqExecutor])
-def test_an_executor_with_another_token_is_refused(deployment, files, tiny_llama, executor):
+def test_an_executor_gets_in_with_the_token_and_not_with_another(deployment, files, tiny_llama,
+                                                                 executor):
     address = f"127.0.0.1:{deployment['rank'][f'{executor.transport}_port']}"
-    config = SchedulerConfig(
-        model=tiny_llama, dtype="float32", kv_cache_memory_bytes=8 << 20, max_num_seqs=16,
-        max_model_len=512, max_num_batched_tokens=512, executor_backend=executor.transport,
-        worker_addresses=(address,), worker_heartbeat_s=0.5,
-        worker_token_file=files["wrong_token"])
+
+    def config(token_file: str) -> SchedulerConfig:
+        return SchedulerConfig(
+            model=tiny_llama, dtype="float32", kv_cache_memory_bytes=8 << 20, max_num_seqs=16,
+            max_model_len=512, max_num_batched_tokens=512, executor_backend=executor.transport,
+            worker_addresses=(address,), worker_heartbeat_s=0.5, worker_token_file=token_file)
+
     with pytest.raises(WorkerRefusedError, match="UNAUTHENTICATED.*invalid worker token"):
-        executor(config).shutdown()
+        executor(config(files["wrong_token"])).shutdown()
+    admitted = executor(config(files["token"]))  # connects, GetInfo, Reset (the scheduler idles)
+    try:
+        assert admitted.get_info().vocab_size == 512
+    finally:
+        admitted.shutdown()  # leaves the worker running: this executor did not start it
 
 
 def test_the_scheduler_still_serves_after_the_refusals(deployment):
