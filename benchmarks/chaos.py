@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import grpc
 from batchwire.benchmarks.machine import machine_info
 from batchwire.benchmarks.report import Report
 from batchwire.benchmarks.serve_process import ServeProcess
+from batchwire.benchmarks.workloads import HIGH_ID, LOW_ID
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
 ACTIONS = ("kill", "stop", "drain")
@@ -47,11 +49,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thaw-s", type=float, default=3.0, help="how long a frozen worker stays so")
     p.add_argument("--concurrency", type=int, default=12, help="streams in flight at all times")
     p.add_argument("--grace-s", type=float, default=60.0, help="the scheduler's --worker-grace-s")
+    p.add_argument("--requests", type=int, default=1000, help="the most requests sent (the "
+                   "undisturbed run computes them all, alongside)")
     p.set_defaults(dtype="float32")
 
 
 def quick(args: argparse.Namespace) -> None:
     args.workers, args.cycles, args.period_s, args.thaw_s, args.concurrency = 2, 3, 1.0, 2.0, 6
+    args.requests = 64
     shared = str(Path(args.results) / ".tiny-model")
     if args.model == shared:  # --quick's model, with peaked logits: no near-tie to flip
         from batchwire.benchmarks.tiny_model import tiny_model
@@ -80,14 +85,20 @@ class Outcome:
         return max((b - a for a, b in zip(times, times[1:], strict=False)), default=0.0)
 
 
-def make_request(rng: random.Random, vocab: int) -> tuple[list[int], dict[str, Any]]:
-    prompt = [rng.randrange(min(100, vocab // 2), vocab) for _ in range(rng.randint(8, 64))]
-    sampling: dict[str, Any] = dict(max_tokens=rng.randint(16, 64), ignore_eos=True)
-    if rng.random() < 0.5:
-        sampling.update(temperature=0)
-    else:
-        sampling.update(SEEDED, seed=rng.randrange(1 << 30))
-    return prompt, sampling
+def make_requests(n: int, vocab: int) -> list[tuple[list[int], dict[str, Any]]]:
+    """Half greedy, half seeded with penalties; sent in this order."""
+    rng = random.Random(0)
+    requests = []
+    for _ in range(n):
+        prompt = [rng.randrange(min(LOW_ID, vocab // 2), min(vocab, HIGH_ID))
+                  for _ in range(rng.randint(8, 64))]
+        sampling: dict[str, Any] = dict(max_tokens=rng.randint(16, 64), ignore_eos=True)
+        if rng.random() < 0.5:
+            sampling.update(temperature=0)
+        else:
+            sampling.update(SEEDED, seed=rng.randrange(1 << 30))
+        requests.append((prompt, sampling))
+    return requests
 
 
 class Worker:
@@ -151,8 +162,8 @@ async def stream(stub: Any, outcome: Outcome) -> None:
 
 class Chaos:
     def __init__(self, server: ServeProcess, args: argparse.Namespace, folder: Path,
-                 vocab: int) -> None:
-        self.server, self.args, self.folder, self.vocab = server, args, folder, vocab
+                 requests: list[tuple[list[int], dict[str, Any]]]) -> None:
+        self.server, self.args, self.folder, self.requests = server, args, folder, requests
         self.workers: list[Worker] = []
         self.events: list[dict[str, Any]] = []
         self.outcomes: list[Outcome] = []
@@ -168,11 +179,14 @@ class Chaos:
         async with grpc.aio.insecure_channel(self.server.address) as channel:
             stub = generate_pb2_grpc.GenerationStub(channel)
             chaos_done = asyncio.Event()
-            rng = random.Random(0)
+            pending = iter(self.requests)
 
             async def load() -> None:
                 while not chaos_done.is_set():
-                    outcome = Outcome(*make_request(rng, self.vocab))
+                    request = next(pending, None)
+                    if request is None:
+                        return  # all sent: --requests was too few for the run
+                    outcome = Outcome(*request)
                     self.outcomes.append(outcome)
                     await stream(stub, outcome)
 
@@ -245,25 +259,44 @@ class Chaos:
         return info.kv_blocks_used
 
 
-def reference(args: argparse.Namespace, outcomes: list[Outcome]) -> list[list[int]]:
-    """The tokens of an undisturbed run: the offline engine, in this process."""
-    from scheduler_svc.engine.llm import LLM, SamplingParams
+def reference(args: argparse.Namespace, requests: list[tuple[list[int], dict[str, Any]]],
+              into: list[list[int]]) -> None:
+    """The tokens of an undisturbed run: an engine with its worker in this process (token ids
+    in and out: no tokenizer to load), on a thread while the chaos runs."""
+    from scheduler_svc.config import SchedulerConfig
+    from scheduler_svc.core.sampling_params import SamplingParams
+    from scheduler_svc.engine.engine_core import EngineCore
 
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=256,
-              max_num_batched_tokens=512, kv_cache_memory_bytes=64 << 20,
-              generation_config="none")
+    engine = EngineCore(SchedulerConfig(model=args.model, dtype=args.dtype, max_model_len=256,
+                                        max_num_batched_tokens=512,
+                                        max_num_seqs=2 * args.concurrency,
+                                        kv_cache_memory_bytes=64 << 20))
+    tokens: dict[str, list[int]] = {}
     try:
-        results = llm.generate([{"prompt_token_ids": o.prompt} for o in outcomes],
-                               [SamplingParams(**o.sampling) for o in outcomes], use_tqdm=False)
+        for i, (prompt, sampling) in enumerate(requests):
+            engine.add_request(prompt, SamplingParams(**sampling), request_id=str(i))
+        while engine.has_requests():
+            for out in engine.step():
+                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
     finally:
-        llm.shutdown()
-    return [r.token_ids for r in results]
+        engine.shutdown()
+    into.extend(tokens.get(str(i), []) for i in range(len(requests)))
+
+
+def vocab_size(model: str | None) -> int:
+    """A checkpoint's from its config.json; a GGUF file's: the default model's range, which
+    every benchmark draws its prompts from."""
+    import json
+
+    from batchwire.common.model_files import resolve_model_path
+
+    path = resolve_model_path(model)
+    if path.endswith(".gguf"):
+        return HIGH_ID
+    return int(json.loads((Path(path) / "config.json").read_text())["vocab_size"])
 
 
 def run(args: argparse.Namespace) -> None:
-    from scheduler_svc.core.tokenizer import load_tokenizer
-
-    vocab = len(load_tokenizer(args.model))
     scheduler_args = ["--dtype", args.dtype, *LIMITS, "--transport", "zmq", "--no-http",
                       "--max-num-seqs", str(2 * args.concurrency), "--generation-config", "none",
                       "--worker-grace-s", str(args.grace_s),
@@ -271,7 +304,12 @@ def run(args: argparse.Namespace) -> None:
                       *(["--model", args.model] if args.model else [])]
     server = ServeProcess(*scheduler_args, command="scheduler", wait_serving=False)
     folder = Path(tempfile.mkdtemp(prefix="bw-bench-chaos-"))
-    chaos = Chaos(server, args, folder, vocab)
+    requests = make_requests(args.requests, vocab_size(args.model))
+    expected: list[list[int]] = []
+    undisturbed = threading.Thread(target=reference, args=(args, requests, expected),
+                                   daemon=True)
+    undisturbed.start()
+    chaos = Chaos(server, args, folder, requests)
     try:
         for _ in range(args.workers):
             chaos.spawn()
@@ -283,9 +321,10 @@ def run(args: argparse.Namespace) -> None:
             worker.kill()
         server.stop()
     duration = time.perf_counter() - chaos.start
-    outcomes = chaos.outcomes
-    expected = reference(args, outcomes)
-    report_results(args, chaos, expected, duration)
+    undisturbed.join()
+    if len(expected) != len(requests):
+        raise SystemExit("bench chaos: the undisturbed run failed (its error is above)")
+    report_results(args, chaos, expected[:len(chaos.outcomes)], duration)
 
 
 def report_results(args: argparse.Namespace, chaos: Chaos, expected: list[list[int]],
