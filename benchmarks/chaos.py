@@ -49,8 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thaw-s", type=float, default=3.0, help="how long a frozen worker stays so")
     p.add_argument("--concurrency", type=int, default=12, help="streams in flight at all times")
     p.add_argument("--grace-s", type=float, default=60.0, help="the scheduler's --worker-grace-s")
-    p.add_argument("--requests", type=int, default=1000, help="the most requests sent (the "
-                   "undisturbed run computes them all, alongside)")
+    p.add_argument("--requests", type=int, default=2000, help="the most requests sent")
     p.set_defaults(dtype="float32")
 
 
@@ -259,28 +258,49 @@ class Chaos:
         return info.kv_blocks_used
 
 
-def reference(args: argparse.Namespace, requests: list[tuple[list[int], dict[str, Any]]],
-              into: list[list[int]]) -> None:
-    """The tokens of an undisturbed run: an engine with its worker in this process (token ids
-    in and out: no tokenizer to load), on a thread while the chaos runs."""
-    from scheduler_svc.config import SchedulerConfig
-    from scheduler_svc.core.sampling_params import SamplingParams
-    from scheduler_svc.engine.engine_core import EngineCore
+class Undisturbed(threading.Thread):
+    """The tokens of an undisturbed run: an engine with its worker in this process (token ids in
+    and out: no tokenizer to load), alongside the chaos, in the order the requests are sent and
+    a batch at a time, until it has covered those sent once the chaos is over."""
 
-    engine = EngineCore(SchedulerConfig(model=args.model, dtype=args.dtype, max_model_len=256,
-                                        max_num_batched_tokens=512,
-                                        max_num_seqs=2 * args.concurrency,
-                                        kv_cache_memory_bytes=64 << 20))
-    tokens: dict[str, list[int]] = {}
-    try:
-        for i, (prompt, sampling) in enumerate(requests):
-            engine.add_request(prompt, SamplingParams(**sampling), request_id=str(i))
-        while engine.has_requests():
-            for out in engine.step():
-                tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-    finally:
-        engine.shutdown()
-    into.extend(tokens.get(str(i), []) for i in range(len(requests)))
+    def __init__(self, args: argparse.Namespace,
+                 requests: list[tuple[list[int], dict[str, Any]]], sent: Any) -> None:
+        super().__init__(name="undisturbed", daemon=True)
+        self.args, self.requests, self.sent = args, requests, sent  # sent(): how many so far
+        self.tokens: list[list[int]] = []
+        self.over = threading.Event()  # the chaos is: no more requests will be sent
+        self.start()
+
+    def run(self) -> None:
+        from scheduler_svc.config import SchedulerConfig
+        from scheduler_svc.core.sampling_params import SamplingParams
+        from scheduler_svc.engine.engine_core import EngineCore
+
+        args = self.args
+        engine = EngineCore(SchedulerConfig(
+            model=args.model, dtype=args.dtype, max_model_len=256, max_num_batched_tokens=512,
+            max_num_seqs=2 * args.concurrency, kv_cache_memory_bytes=64 << 20))
+        size = 2 * args.concurrency
+        try:
+            while len(self.tokens) < len(self.requests):
+                ahead = len(self.tokens) - self.sent()
+                if self.over.is_set() and ahead >= 0:
+                    break
+                if not self.over.is_set() and ahead >= size:
+                    time.sleep(0.1)  # a batch ahead of the load is enough
+                    continue
+                first = len(self.tokens)
+                batch = self.requests[first:first + size]
+                tokens: dict[str, list[int]] = {str(first + i): [] for i in range(len(batch))}
+                for i, (prompt, sampling) in enumerate(batch):
+                    engine.add_request(prompt, SamplingParams(**sampling),
+                                       request_id=str(first + i))
+                while engine.has_requests():
+                    for out in engine.step():
+                        tokens[out.request_id].extend(out.new_token_ids)
+                self.tokens.extend(tokens.values())
+        finally:
+            engine.shutdown()
 
 
 def vocab_size(model: str | None) -> int:
@@ -305,11 +325,8 @@ def run(args: argparse.Namespace) -> None:
     server = ServeProcess(*scheduler_args, command="scheduler", wait_serving=False)
     folder = Path(tempfile.mkdtemp(prefix="bw-bench-chaos-"))
     requests = make_requests(args.requests, vocab_size(args.model))
-    expected: list[list[int]] = []
-    undisturbed = threading.Thread(target=reference, args=(args, requests, expected),
-                                   daemon=True)
-    undisturbed.start()
     chaos = Chaos(server, args, folder, requests)
+    undisturbed = Undisturbed(args, requests, lambda: len(chaos.outcomes))
     try:
         for _ in range(args.workers):
             chaos.spawn()
@@ -321,10 +338,11 @@ def run(args: argparse.Namespace) -> None:
             worker.kill()
         server.stop()
     duration = time.perf_counter() - chaos.start
+    undisturbed.over.set()
     undisturbed.join()
-    if len(expected) != len(requests):
+    if len(undisturbed.tokens) < len(chaos.outcomes):
         raise SystemExit("bench chaos: the undisturbed run failed (its error is above)")
-    report_results(args, chaos, expected[:len(chaos.outcomes)], duration)
+    report_results(args, chaos, undisturbed.tokens[:len(chaos.outcomes)], duration)
 
 
 def report_results(args: argparse.Namespace, chaos: Chaos, expected: list[list[int]],
