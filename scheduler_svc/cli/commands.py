@@ -199,6 +199,13 @@ def _worker_tls(args: argparse.Namespace) -> Any:
 
 
 def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig:
+    try:
+        return _new_scheduler_config(args, **extra)
+    except ValueError as e:  # a value out of range: its field and value, not a traceback
+        raise SystemExit(f"batchwire {args.command}: {e}") from None
+
+
+def _new_scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig:
     return SchedulerConfig(
         model=args.model, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory,
         block_size=args.block_size, max_model_len=args.max_model_len,
