@@ -48,7 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--period-s", type=float, default=4.0, help="seconds between two of them")
     p.add_argument("--thaw-s", type=float, default=3.0, help="how long a frozen worker stays so")
     p.add_argument("--concurrency", type=int, default=12, help="streams in flight at all times")
-    p.add_argument("--grace-s", type=float, default=60.0, help="the scheduler's --worker-grace-s")
+    p.add_argument("--grace-s", type=float, default=120.0, help="the scheduler's --worker-grace-s "
+                   "(a default-model worker takes a while to start on a busy machine)")
     p.add_argument("--requests", type=int, default=2000, help="the most requests sent")
     p.set_defaults(dtype="float32")
 

@@ -25,11 +25,11 @@ from tests.deploy.processes import Process
 from .conftest import WORKER_ARGS, WorkerProcess, scheduler_config
 from .test_registration import wait_until
 
-GRACE_S = 5.0
+GRACE_S = 4.0
 HEARTBEAT_S = 0.4  # a frozen worker is noticed after about three periods
-MAX_QUEUED = 9
-NUM_REQUESTS = 8
-MAX_TOKENS = 150
+MAX_QUEUED = 7
+NUM_REQUESTS = 6
+MAX_TOKENS = 120
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 # Sampling values exact in float32, so that the wire's floats are the reference's.
@@ -184,7 +184,7 @@ def test_last_worker_lost_requests_wait_for_one_and_resume(served_model, tmp_pat
         wait_until(lambda: status() == NOT_SERVING, 10, "NOT_SERVING with no worker", scheduler)
         new = Stream(stub, "new", [1, 2, 3], dict(temperature=0, max_tokens=4))
         time.sleep(0.3)
-        with pytest.raises(grpc.RpcError) as full:  # 8 + 1 wait: the limit
+        with pytest.raises(grpc.RpcError) as full:  # 6 + 1 wait: the limit
             list(stub.Generate(generate_pb2.GenerateRequest(token_ids=[1, 2], sampling=dict(
                 max_tokens=2)), timeout=10))
         assert full.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, full.value
