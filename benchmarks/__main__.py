@@ -9,6 +9,7 @@ against its peers on this machine, in one run. Each benchmark prints its tables 
   spec        speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64
   soak        a mixed load for --minutes (10): RSS, open fds, KV blocks and latency over time
   overhead    the engine's own time per decode step on a near-zero-cost model, by transport
+  chaos       workers killed, frozen and drained in turn under load: every request intact
   all         every one of them, in that order
 """
 
@@ -30,6 +31,7 @@ BENCHMARKS = {  # name -> one line of help; each is a module of this package
     "spec": "speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64",
     "soak": "a mixed load for --minutes: RSS, open fds, KV blocks and latency over time",
     "overhead": "the engine's own time per decode step on a near-zero-cost model, by transport",
+    "chaos": "workers killed, frozen and drained in turn under load: every request intact",
 }
 
 

@@ -44,6 +44,13 @@ class SchedulerConfig:
     normalize: bool = True  # L2-normalise embeddings unless a request says otherwise
     worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
     worker_heartbeat_s: float = 1.0  # liveness probe period; 3 missed probes = a failed worker
+    # How long requests wait for a worker replica when none is live (the last one died, froze or
+    # left) before failing with UNAVAILABLE: those it was running, which then resume where their
+    # streams stand, and new ones. 0 = fail at once, as vLLM and SGLang do when their engine goes:
+    # clients and routers retry UNAVAILABLE elsewhere, and a deployment with no replacement on
+    # its way gains nothing by holding them. Worth setting where workers register or are
+    # discovered and come back (a restart, a frozen process), e.g. 30.
+    worker_grace_s: float = 0.0
     # TLS (mutual with a client certificate) on the gRPC links to workers; ZMQ has none.
     worker_tls: ClientTls | None = None
     # The token presented to workers on every call, both transports (the workers' own
@@ -107,6 +114,8 @@ class SchedulerConfig:
         if self.worker_rpc_timeout_s <= 0 or self.worker_heartbeat_s <= 0:
             raise ValueError("worker_rpc_timeout_s and worker_heartbeat_s must be positive, got "
                              f"{self.worker_rpc_timeout_s} and {self.worker_heartbeat_s}")
+        if not 0 <= self.worker_grace_s < float("inf"):
+            raise ValueError(f"worker_grace_s must be >= 0 and finite, got {self.worker_grace_s}")
         if self.worker_tls is not None and self.executor_backend in ("zmq", "auto"):
             raise ValueError("worker TLS needs the grpc transport: ZMQ links are not encrypted "
                              f"(executor_backend is {self.executor_backend!r})")

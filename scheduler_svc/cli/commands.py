@@ -98,6 +98,10 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     _option(g, "--policy", _DEFAULTS["policy"], "admission order: first come first served, or "
             "by request priority", choices=POLICIES)
     _option(g, "--seed", _DEFAULTS["seed"], "seeds requests that bring no seed", type=int)
+    _option(g, "--worker-grace-s", _DEFAULTS["worker_grace_s"], "seconds requests wait for a "
+            "worker to join or return when none is live (the last one died, froze or left) "
+            "before failing with UNAVAILABLE; the ones it was running then resume where they "
+            "stood (0 = fail at once)", type=float)
     _flag(g, "--no-prefix-caching", "do not reuse the KV cache of shared prompt prefixes")
     _flag(g, "--no-chunked-prefill", "run every prompt in one step")
     _flag(g, "--async-scheduling", "schedule each step while the worker computes the one "
@@ -202,6 +206,13 @@ def _worker_tls(args: argparse.Namespace) -> Any:
 
 
 def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig:
+    try:
+        return _new_scheduler_config(args, **extra)
+    except ValueError as e:  # a value out of range: its field and value, not a traceback
+        raise SystemExit(f"batchwire {args.command}: {e}") from None
+
+
+def _new_scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig:
     return SchedulerConfig(
         model=args.model, dtype=args.dtype, kv_cache_memory_bytes=args.kv_cache_memory,
         block_size=args.block_size, max_model_len=args.max_model_len,
@@ -216,7 +227,7 @@ def _scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerConfig
         pooling_type=args.pooling_type, normalize=args.normalize,
         pipeline_parallel_size=args.pipeline_parallel_size,
         generation_config=args.generation_config,
-        async_scheduling=args.async_scheduling,
+        async_scheduling=args.async_scheduling, worker_grace_s=args.worker_grace_s,
         **_speculative_config(args), **extra)
 
 
@@ -277,6 +288,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         raise SystemExit("batchwire scheduler: --worker-addresses or --discover-workers, not both")
     return _run_server(args, _scheduler_config(args, executor_backend=args.transport,
                                                worker_addresses=groups,
+                                               worker_heartbeat_s=args.worker_heartbeat_s,
                                                worker_tls=_worker_tls(args)),
                        # With neither, it serves once a group registers (--scheduler-address).
                        replicas=0 if not groups else 1,
@@ -499,6 +511,9 @@ def build_parser() -> argparse.ArgumentParser:
             "app.kubernetes.io/component=worker")
     _option(w, "--discovery-namespace", None, "namespace of the worker pods (default: the "
             "scheduler pod's own)")
+    _option(w, "--worker-heartbeat-s", _DEFAULTS["worker_heartbeat_s"], "seconds between "
+            "liveness probes of each worker; three missed ones fail it (a frozen worker is "
+            "noticed after about three periods)", type=float)
     _option(w, "--worker-drain-timeout", 120.0, "seconds a leaving worker's running requests "
             "may finish there before they move to other workers", type=float)
     _add_worker_tls_options(w)

@@ -244,9 +244,14 @@ class AsyncEngine:
         try:
             while not self._stopping.is_set():
                 self._wake.clear()
-                if not self.core.has_requests():
+                pause = self.core.idle_wait_s()
+                if pause is None:  # nothing to do until a command comes
                     self._wake.wait()
                     continue
+                if pause > 0 and self._wake.wait(pause):
+                    continue  # a command came: look again
+                # Work, or the pause is over: requests waiting for a replica may be due, and a
+                # step with nothing to run only notices the replicas that failed.
                 try:
                     outputs = self.core.step()
                 except NoReplicaError as e:  # some requests lost their replica; the rest go on
@@ -261,9 +266,11 @@ class AsyncEngine:
             self._call_soon(self._die, e)
 
     def _fail_pending(self, error: Exception) -> None:
+        dead = EngineDeadError(f"the engine stopped: {error}")
         for command in self.core.inbox.drain():
             if isinstance(command, AddRequest):
-                command.admitted.set_exception(EngineDeadError(f"the engine stopped: {error}"))
+                command.admitted.set_exception(dead)
+        self.core.fail_parked(dead)  # the moved ones' streams end in _die
 
     def _publish_stats(self) -> None:
         """Sums over the replicas' schedulers."""
@@ -271,7 +278,8 @@ class AsyncEngine:
         total = sum(s.kv.pool.num_blocks - 1 for s in schedulers)
         self.stats = EngineStats(
             num_running=sum(len(s.running) for s in schedulers),
-            num_waiting=sum(len(s.waiting) for s in schedulers),
+            # Requests waiting for a replica (the grace period) wait too.
+            num_waiting=sum(len(s.waiting) for s in schedulers) + len(self.core.parked),
             kv_blocks_total=total,
             kv_blocks_used=total - sum(s.kv.pool.num_free_blocks for s in schedulers),
             num_steps=sum(s.stats.num_steps for s in schedulers),

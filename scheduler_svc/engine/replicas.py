@@ -16,7 +16,11 @@ so the stream goes on with no gap and no duplicate, and with the tokens of an un
 new worker counts the earlier tokens as output (penalties, min_tokens) and moves a seeded
 generator past their draws. With no replica to take them, requests fail with NoReplicaError,
 which a service answers with UNAVAILABLE; the engine itself stays usable for replicas that join
-later.
+later. With a grace period (config.worker_grace_s) they wait for one instead (parked.py): those
+whose replica died or left up to the grace period, and new requests that arrive within the
+grace period after the last live replica was lost (up to max_queued_requests of them); the first
+replica that joins (or returns: a frozen worker registers again) takes them, moved like onto a
+survivor. Only then do they fail with NoReplicaError.
 
 Apart from the inbox, not thread-safe: one thread adds, aborts and steps.
 """
@@ -45,10 +49,15 @@ from scheduler_svc.engine.commands import (
     Inbox,
 )
 from scheduler_svc.engine.engine_core import EngineCore, StepInFlight
+from scheduler_svc.engine.parked import Parked, ParkedRequests
 from scheduler_svc.executors.base import Executor
 from scheduler_svc.executors.errors import WorkerUnavailableError
 
 logger = logging.getLogger(__name__)
+
+# While a grace period is on, the idle engine looks at its replicas this often, so that the grace
+# period after the last one is lost starts when it is lost, not at the next request.
+LIVENESS_POLL_S = 0.25
 
 
 class NoReplicaError(WorkerUnavailableError):
@@ -91,6 +100,9 @@ class ReplicatedEngine:
         self.inbox = Inbox()
         self._replica_ids = itertools.count()
         self.num_moved = 0  # requests re-queued on another replica, for metrics and tests
+        self.grace_s = config.worker_grace_s
+        self.parked = ParkedRequests()  # waiting for a replica, within the grace period
+        self._unserved_since: float | None = None  # when the last live replica was lost
         for executor in self._connect_configured() if executors is None else executors:
             self.add_replica(EngineCore(config, executor, tokenizer))
 
@@ -127,7 +139,8 @@ class ReplicatedEngine:
 
     def add_request(self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
                     request_id: str | None = None, **kwargs: Any) -> Request:
-        if request_id is not None and self._replica_of(request_id) is not None:
+        if request_id is not None and (self._replica_of(request_id) is not None
+                                       or request_id in self.parked):
             raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
                                       "active request")
         replica = self._place(prompt_token_ids, kwargs.get("cache_salt"))
@@ -140,20 +153,41 @@ class ReplicatedEngine:
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         outputs = []
         for request_id in request_ids:
+            parked = self.parked.take(request_id)
+            if parked is not None:
+                if parked.command is not None:  # admitted, to end at once with "abort"
+                    parked.command.admitted.set_result(None)
+                outputs.append(parked.abort_output())
+                continue
             replica = self._replica_of(request_id)
             if replica is not None:
                 outputs += replica.core.abort_requests([request_id])
         return outputs
 
     def has_requests(self) -> bool:
+        return bool(self.parked) or self._has_work()
+
+    def _has_work(self) -> bool:
         return not self.inbox.empty() or any(r.core.has_requests() or r.draining
                                              for r in self.replicas)
 
     def get_num_unfinished_requests(self) -> int:
-        return sum(r.load for r in self.replicas)
+        return sum(r.load for r in self.replicas) + len(self.parked)
+
+    def idle_wait_s(self) -> float | None:
+        """How long a loop may wait (or until woken by a command) before the next step(): 0 when
+        there is work to step; while requests only wait for a replica, until the first of them
+        is due; with a grace period, LIVENESS_POLL_S; else None, until woken."""
+        if self._has_work():
+            return 0.0
+        deadline = self.parked.next_deadline()
+        if deadline is not None:
+            return min(max(deadline - time.monotonic(), 0.0), LIVENESS_POLL_S)
+        return LIVENESS_POLL_S if self.grace_s > 0 else None
 
     def step(self) -> list[EngineCoreOutput]:
         outputs = self.apply_commands()
+        self._place_parked()
         # A group whose watcher noticed a failure between steps goes before it is sent anything.
         failed = [r for r in self.replicas if r.failed]
         launched: list[tuple[Replica, StepInFlight | None]] = []
@@ -190,9 +224,12 @@ class ReplicatedEngine:
         for replica in failed:
             lost += self._remove(replica, reason="failed")
         lost += self._progress_drains()
+        self._note_liveness()
+        lost += self._expire_parked()
         if lost:
-            raise NoReplicaError(f"no worker replica left to run {len(lost)} request(s)", lost,
-                                 outputs)
+            raise NoReplicaError(f"no worker replica left to run {len(lost)} request(s)"
+                                 + (f" within the grace period of {self.grace_s:g} s"
+                                    if self.grace_s > 0 else ""), lost, outputs)
         return outputs
 
     def apply_commands(self) -> list[EngineCoreOutput]:
@@ -203,6 +240,7 @@ class ReplicatedEngine:
         outputs: list[EngineCoreOutput] = []
         for command in self.inbox.drain():
             outputs += self._apply(command)
+        self._note_liveness()
         return outputs
 
     def shutdown(self) -> None:
@@ -210,16 +248,28 @@ class ReplicatedEngine:
             replica.core.shutdown()
         self.replicas.clear()
 
+    def fail_parked(self, error: Exception) -> list[str]:
+        """Ends every wait (the engine stops): new requests are refused with `error`; returns the
+        ids of the moved ones, whose streams the caller ends."""
+        moved = []
+        for parked in self.parked.take_all():
+            if parked.command is not None:
+                parked.command.admitted.set_exception(error)
+            else:
+                moved.append(parked.request_id)
+        return moved
+
 
     def _apply(self, command: Command) -> list[EngineCoreOutput]:
         if isinstance(command, AbortRequests):
             return self.abort_requests(command.request_ids)
         try:
             if isinstance(command, AddRequest):
-                self.add_request(command.prompt_token_ids, command.params,
-                                 request_id=command.request_id, priority=command.priority,
-                                 cache_salt=command.cache_salt, pooling=command.pooling)
-                command.admitted.set_result(None)
+                try:
+                    self._admit(command)
+                except NoReplicaError:
+                    if not self._park_new(command):
+                        raise
             elif isinstance(command, AttachReplica):
                 core = EngineCore(self.config, command.executor, self.tokenizer)
                 command.done.set_result(self.add_replica(core, command.replica_id).replica_id)
@@ -230,6 +280,87 @@ class ReplicatedEngine:
              ).set_exception(e)
         return []
 
+
+    def _admit(self, command: AddRequest) -> None:
+        self.add_request(command.prompt_token_ids, command.params,
+                         request_id=command.request_id, priority=command.priority,
+                         cache_salt=command.cache_salt, pooling=command.pooling)
+        command.admitted.set_result(None)
+
+
+    def _live(self) -> list[Replica]:
+        return [r for r in self.replicas if not r.draining and not r.failed]
+
+    def _note_liveness(self) -> None:
+        if self._live():
+            self._unserved_since = None
+        elif self._unserved_since is None:
+            self._unserved_since = time.monotonic()
+
+    def _park_new(self, command: AddRequest) -> bool:
+        """Parks a new request that no replica can take, within the grace period after the last
+        live one was lost; False when it must be refused now. Raises QueueFullError when
+        max_queued_requests already wait."""
+        self._note_liveness()
+        if self.grace_s <= 0 or self._unserved_since is None:
+            return False
+        deadline = self._unserved_since + self.grace_s
+        if time.monotonic() >= deadline:
+            return False
+        if len(self.parked) >= self.config.max_queued_requests:
+            raise QueueFullError(f"{len(self.parked)} requests are waiting for a worker replica, "
+                                 f"the limit is {self.config.max_queued_requests}")
+        self.parked.park_new(command, deadline)
+        return True
+
+    def _place_parked(self) -> None:
+        """Hands waiting requests, the oldest first, to the replicas that can take them."""
+        if not self.parked or not self._live():
+            return
+        placed = 0
+        for parked in self.parked.in_order():
+            self.parked.take(parked.request_id)  # its id is no longer in use while it is placed
+            if self._place_one(parked):
+                placed += 1
+            else:
+                self.parked.put_back(parked)
+        if placed:
+            logger.info("%d waiting request(s) placed; %d still wait", placed, len(self.parked))
+
+    def _place_one(self, parked: Parked) -> bool:
+        if parked.request is not None:
+            target = self._place(parked.request.all_token_ids, parked.request.cache_salt)
+            if target is None:
+                return False
+            try:
+                self._requeue(parked.request, target)
+            except (InvalidRequestError, QueueFullError):
+                return False  # another replica may take it before its deadline
+            self.num_moved += 1
+            return True
+        assert parked.command is not None
+        try:
+            self._admit(parked.command)
+        except NoReplicaError:
+            return False
+        except (InvalidRequestError, QueueFullError, RequestIdInUseError) as e:
+            parked.command.admitted.set_exception(e)  # refused as at once, with its reason
+        return True
+
+    def _expire_parked(self) -> list[str]:
+        """Ends the waits that are due: new requests are refused, the moved ones' ids returned."""
+        lost = []
+        for parked in self.parked.take_expired(time.monotonic()):
+            if parked.command is not None:
+                parked.command.admitted.set_exception(NoReplicaError(
+                    f"no worker replica joined within the grace period of {self.grace_s:g} s",
+                    [parked.request_id]))
+            else:
+                lost.append(parked.request_id)
+        if lost:
+            logger.warning("%d request(s) waited %g s for a worker replica in vain", len(lost),
+                           self.grace_s)
+        return lost
 
     def _replica_of(self, request_id: str) -> Replica | None:
         return next((r for r in self.replicas if request_id in r.core.requests), None)
@@ -253,18 +384,22 @@ class ReplicatedEngine:
         if target is None:
             return False
         try:
-            target.core.add_request(
-                request.prompt_token_ids, request.sampling_params, request_id=request.request_id,
-                arrival_time=request.arrival_time, priority=request.priority,
-                cache_salt=request.cache_salt, grammar=request.grammar,
-                output_token_ids=request.output_token_ids, detokenizer=request.detokenizer,
-                pooling=request.pooling)
+            self._requeue(request, target)
         except (InvalidRequestError, QueueFullError) as e:
             logger.warning("request %s cannot move to replica %s: %s", request.request_id,
                            target.replica_id, e)
             return False
         self.num_moved += 1
         return True
+
+    @staticmethod
+    def _requeue(request: Request, target: Replica) -> None:
+        target.core.add_request(
+            request.prompt_token_ids, request.sampling_params, request_id=request.request_id,
+            arrival_time=request.arrival_time, priority=request.priority,
+            cache_salt=request.cache_salt, grammar=request.grammar,
+            output_token_ids=request.output_token_ids, detokenizer=request.detokenizer,
+            pooling=request.pooling)
 
 
     def add_replica(self, core: EngineCore, replica_id: str | None = None) -> Replica:
@@ -307,18 +442,23 @@ class ReplicatedEngine:
         return lost
 
     def _remove(self, replica: Replica, reason: str) -> list[str]:
-        """Takes the replica out; its unfinished requests move. Returns those that could not."""
+        """Takes the replica out; its unfinished requests move, or wait for a replica within
+        the grace period. Returns those that could do neither."""
         self.replicas.remove(replica)
         requests = sorted(replica.core.requests.values(), key=lambda r: r.arrival_time)
         lost = []
         moved = 0
+        deadline = time.monotonic() + self.grace_s
         for request in requests:
             if self.move_request(request, replica):
                 moved += 1
+            elif self.grace_s > 0:
+                self.parked.park_moved(request, deadline)
             else:
                 lost.append(request.request_id)
-        logger.info("replica %s %s: %d request(s) moved, %d lost", replica.replica_id, reason,
-                    moved, len(lost))
+        waiting = len(requests) - moved - len(lost)
+        logger.info("replica %s %s: %d request(s) moved, %d wait for a replica (%g s), %d lost",
+                    replica.replica_id, reason, moved, waiting, self.grace_s, len(lost))
         try:
             replica.core.shutdown()
         except Exception:  # a failed group may not even close cleanly

@@ -3,7 +3,8 @@
 The port is bound first and health answers NOT_SERVING while the model loads; SERVING comes only
 after the workers are ready and one warm-up request has run end to end. SIGTERM (or SIGINT)
 drains: NOT_SERVING, new requests refused with UNAVAILABLE, requests in flight run to the end,
-then the server stops. A second signal stops at once.
+then the server stops. A second signal stops at once. While no worker replica is live (the last
+one died, froze or is leaving) health says NOT_SERVING too, and SERVING again once one is.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from scheduler_svc.service.wire import longest_token_chars
 
 logger = logging.getLogger(__name__)
 
+REPLICA_WATCH_S = 0.25  # how often health looks at the replicas
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -284,9 +286,26 @@ class SchedulerServer:
         self.servicer.attach(model)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._print_usage(model)
+        watch = asyncio.ensure_future(self._watch_replicas(core))
         await self._stop.wait()
+        watch.cancel()
         await self._drain()
         return 0
+
+    async def _watch_replicas(self, core: ReplicatedEngine) -> None:
+        """Health follows whether a replica can take requests: a load balancer or Kubernetes
+        readiness probe then sends them elsewhere. Read from this thread, as workers() does."""
+        serving = True
+        while True:
+            await asyncio.sleep(REPLICA_WATCH_S)
+            live = any(not r.failed and not r.draining for r in list(core.replicas))
+            if live != serving and self.engine is not None and self.engine.dead is None:
+                serving = live
+                logger.log(logging.INFO if live else logging.WARNING, "%s",
+                           "a worker replica is live: SERVING" if live else
+                           "no worker replica is live: NOT_SERVING")
+                await self._set_health(health_pb2.HealthCheckResponse.SERVING if live
+                                       else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     async def _stop_servers(self) -> None:
         await self.server.stop(0)

@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("throughput", "serve", "step", "prefix", "spec", "overhead", "soak")
+NAMES = ("throughput", "serve", "step", "prefix", "spec", "overhead", "soak", "chaos")
 
 
 def test_bench_all_quick(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "scheduler_svc.cli", "bench", "all", "--quick", "--threads", "1",
            "--results", str(tmp_path)]
     try:
-        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=400)
     except subprocess.TimeoutExpired as e:  # say where it stood, not only that it hung
         tail = [(x.decode(errors="replace") if isinstance(x, bytes) else x or "")[-2000:]
                 for x in (e.stdout, e.stderr)]
-        pytest.fail("bench all --quick ran past 300 s; its output ended with:\n" + "\n".join(tail))
+        pytest.fail("bench all --quick ran past 400 s; its output ended with:\n" + "\n".join(tail))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = {}
     for name in NAMES:
@@ -49,6 +49,14 @@ def test_bench_all_quick(tmp_path: Path) -> None:
     assert not [e for s in soak["samples"] for e in s["errors"]]
     assert all(s["rss_mib"] > 0 and s["fds"] > 0 for s in soak["samples"])
     assert soak["idle_kv_blocks_used"] == 0  # cancelled streams freed their blocks too
+
+    chaos = results["chaos"]  # a quick chaos loop still checks every request it ran
+    assert [e["action"] for e in chaos["events"]][:2] == ["kill", "stop"]
+    assert {"kill", "stop", "thaw", "drain"} <= {e["action"] for e in chaos["events"]}
+    assert chaos["num_requests"] > 0 and not chaos["errors"]
+    assert chaos["finished_once"] == chaos["identical"] == chaos["num_requests"]
+    assert chaos["kv_blocks_used_end"] == 0 and chaos["ok"] is True
+    assert chaos["new_workers_joined"] >= 1  # the drained one's replacement took over
 
     throughput = results["throughput"]["results"]
     assert {"batchwire uni", "batchwire zmq", "batchwire grpc", "transformers batch 16",

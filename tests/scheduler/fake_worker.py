@@ -85,7 +85,9 @@ class FakeWorker:
         work: list[tuple[str, int, int]] = []
         for new in so.scheduled_new_reqs:
             assert new.req_id not in self.requests, f"{new.req_id!r} sent in full twice"
-            self.requests[new.req_id] = _State(list(new.prompt_token_ids), list(new.block_ids))
+            # A request moved from another replica brings its output, recomputed here.
+            self.requests[new.req_id] = _State([*new.prompt_token_ids, *new.output_token_ids],
+                                               list(new.block_ids))
             work.append((new.req_id, new.num_computed_tokens, new.num_scheduled_tokens))
         cached = so.scheduled_cached_reqs
         resumed = set(cached.resumed_req_ids)
