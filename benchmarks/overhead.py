@@ -2,7 +2,7 @@
 model whose forward pass costs almost nothing (1 layer, hidden 64, vocabulary 512, random
 weights, the default tokenizer: benchmarks/tiny_model.py), so what a step costs is the engine:
 the offline engine on each transport (uni, zmq, grpc) and a `batchwire serve` process driven over
-the client gRPC API (its step read as the clients' inter-token latency). Next to it, measured in
+the client gRPC API (its step read as the clients' time per output token). Next to it, measured in
 the same run, the bare transformers decode step of the same model and batch. An offline case's
 "engine thread" row is its token-level step alone (EngineCore.step_tokens): what a server's
 engine thread does, its text being made on the event loop. Where the time goes
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
                                          *([] if report.quick else ["x bare forward"])], rows,
                  note="engine thread: the offline step less its output processor (text, stop "
                  "strings), i.e. what a server's engine thread does; serve: the median "
-                 "inter-token latency its clients saw; the machine may be shared and loaded "
+                 "time per output token its clients saw; the machine may be shared and loaded "
                  "(see the load average)")
     for key, ms in parts.items():
         total = sum(ms.values())
@@ -190,8 +190,10 @@ def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
 
 
 def measure_serve(model: str, n: int, args: argparse.Namespace, transport: str) -> list[float]:
-    """The clients' median inter-token latency (ms) of n streams decoding together, a figure per
-    repeat, against `batchwire serve --transport <transport>`."""
+    """The clients' median time per output token (ms; TPOT, first to last message) of n streams
+    decoding together, a figure per repeat, against `batchwire serve --transport <transport>`.
+    Not the gap between messages: when the engine thread runs ahead of the event loop, a
+    message carries several tokens, and the gap overstates the step."""
     max_tokens = args.steps + 8
     settings = engine_settings(n, args.prompt_len, max_tokens)
     server = ServeProcess(
@@ -210,10 +212,9 @@ def measure_serve(model: str, n: int, args: argparse.Namespace, transport: str) 
                                        desc=f"serve {transport}, {n} streams")
             failed = [r.error for r in records if r.error or r.num_output_tokens != max_tokens]
             assert not failed, f"serve {transport}: {len(failed)} streams failed: {failed[:2]}"
-            # The steady part: every stream past its first few tokens, none finishing yet.
-            gaps = [b - a for r in records for a, b in zip(r.chunk_times[4:-4],
-                                                           r.chunk_times[5:-3], strict=True)]
-            runs.append(1e3 * statistics.median(gaps))
+            runs.append(1e3 * statistics.median(
+                (r.chunk_times[-1] - r.chunk_times[0]) / (r.num_output_tokens - 1)
+                for r in records))
     finally:
         server.stop()
     return runs
