@@ -2,8 +2,10 @@
 model whose forward pass costs almost nothing (1 layer, hidden 64, vocabulary 512, random
 weights, the default tokenizer: benchmarks/tiny_model.py), so what a step costs is the engine:
 the offline engine on each transport (uni, zmq, grpc) and a `batchwire serve` process driven over
-the client gRPC API (its step read as the clients' inter-token latency). Next to it, measured in
-the same run, the bare transformers decode step of the same model and batch. Where the time goes
+the client gRPC API (its step read as the clients' time per output token). Next to it, measured in
+the same run, the bare transformers decode step of the same model and batch. An offline case's
+"engine thread" row is its token-level step alone (EngineCore.step_tokens): what a server's
+engine thread does, its text being made on the event loop. Where the time goes
 comes from one extra run with a timer around each part (not one of the timed runs). --model is
 ignored: the near-zero-cost model is the point.
 """
@@ -57,11 +59,13 @@ def run(args: argparse.Namespace) -> None:
     step_ms: dict[str, dict[str, Any]] = {}  # "<case>, <n>" -> spread of ms per step
     parts: dict[str, dict[str, float]] = {}  # "<case>, <n>" -> ms per step of each part
     floor_ms: dict[int, dict[str, Any]] = {}
+    thread_lists: dict[str, list[float]] = {}  # "<case>, <n>" -> the engine thread's ms per step
     for n in sizes:
         floor_ms[n] = spread(bare_forward_ms(model, n, args.prompt_len, args.steps,
                                              args.repeats, args.dtype))
         runs = measure_engines(model, n, args,
-                               [c for c in cases if c.split()[0] in ENGINE_TRANSPORTS], parts)
+                               [c for c in cases if c.split()[0] in ENGINE_TRANSPORTS], parts,
+                               thread_lists)
         for case in cases:
             if case.startswith("serve "):
                 runs[case] = measure_serve(model, n, args, case.split()[1])
@@ -70,12 +74,19 @@ def run(args: argparse.Namespace) -> None:
 
     report = Report("overhead", machine_info(args.dtype), vars(args))
     rows, ratios = [], {}
+    thread_ms: dict[str, dict[str, Any]] = {}
     for key, s in step_ms.items():
         n = int(key.rsplit(", ", 1)[1])
         ratio = s["median"] / floor_ms[n]["median"]
         ratios[f"{key}: step / bare forward"] = ratio
         rows.append([key, fmt(s, 2), f"{1e3 * s['median'] / n:.1f}",
                      *([] if report.quick else [f"{ratio:.2f}"])])
+        if key in thread_lists:
+            t = thread_ms[key] = spread(thread_lists[key])
+            ratio = t["median"] / floor_ms[n]["median"]
+            ratios[f"{key}: engine thread / bare forward"] = ratio
+            rows.append([f"{key}, engine thread", fmt(t, 2), f"{1e3 * t['median'] / n:.1f}",
+                         *([] if report.quick else [f"{ratio:.2f}"])])
     for n, s in floor_ms.items():
         rows.append([f"bare transformers forward + argmax, {n}", fmt(s, 2),
                      f"{1e3 * s['median'] / n:.1f}", *([] if report.quick else ["1.00"])])
@@ -83,16 +94,18 @@ def run(args: argparse.Namespace) -> None:
                  f"prompts of {args.prompt_len}: median [min-max] of {args.repeats} repeats of "
                  f"{args.steps} steps", ["case, requests", "ms/step", "us/request/step",
                                          *([] if report.quick else ["x bare forward"])], rows,
-                 note="serve: the median inter-token latency its clients saw; the machine may "
-                 "be shared and loaded (see the load average)")
+                 note="engine thread: the offline step less its output processor (text, stop "
+                 "strings), i.e. what a server's engine thread does; serve: the median "
+                 "time per output token its clients saw; the machine may be shared and loaded "
+                 "(see the load average)")
     for key, ms in parts.items():
         total = sum(ms.values())
         report.table(f"where the time goes, {key} (one profiled run, ms per step)",
                      ["part", "ms/step", "share"],
                      [[p, f"{v:.3f}", f"{100 * v / total:.0f}%"] for p, v in ms.items()],
                      note="; ".join(f"{p}: {PARTS[p]}" for p in ms))
-    report.data.update(step_ms=step_ms, bare_forward_ms={str(n): s for n, s in floor_ms.items()},
-                       parts=parts)
+    report.data.update(step_ms=step_ms, engine_thread_ms=thread_ms,
+                       bare_forward_ms={str(n): s for n, s in floor_ms.items()}, parts=parts)
     report.ratios("a step against the bare forward pass of its batch", ratios)
     report.save(args.results, lambda fig: _draw(fig, step_ms, floor_ms))
 
@@ -110,9 +123,11 @@ def engine_settings(n: int, prompt_len: int, max_tokens: int) -> dict[str, Any]:
 
 
 def measure_engines(model: str, n: int, args: argparse.Namespace, transports: list[str],
-                    parts: dict[str, dict[str, float]]) -> dict[str, list[float]]:
+                    parts: dict[str, dict[str, float]], thread_ms: dict[str, list[float]]
+                    ) -> dict[str, list[float]]:
     """ms per decode step of each transport, one figure per repeat (the transports take turns);
-    fills parts["<transport>, <n>"] from one extra, profiled run on each."""
+    fills thread_ms["<transport>, <n>"] with the token-level part of the same steps, and
+    parts["<transport>, <n>"] from one extra, profiled run on each."""
     from scheduler_svc.engine.llm import LLM
 
     warmup = 4
@@ -125,7 +140,10 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
     try:
         for _ in range(args.repeats):
             for t, llm in engines.items():
-                runs[t].append(statistics.median(decode_steps(llm.engine, n, args, warmup)))
+                thread: list[float] = []
+                runs[t].append(statistics.median(
+                    decode_steps(llm.engine, n, args, warmup, thread_times=thread)))
+                thread_ms.setdefault(f"{t}, {n}", []).append(statistics.median(thread))
         for t, llm in engines.items():
             def profiled(splits: Splits, engine: Any = llm.engine) -> list[float]:
                 return decode_steps(engine, n, args, warmup, splits)
@@ -138,9 +156,11 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
 
 
 def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
-                 splits: Splits | None = None) -> list[float]:
+                 splits: Splits | None = None, thread_times: list[float] | None = None
+                 ) -> list[float]:
     """Adds n requests, runs their prefill and `warmup` steps, then times args.steps decode
-    steps one by one (ms each), with the splits' timers on; aborts what is left."""
+    steps one by one (ms each), with the splits' timers on; aborts what is left. thread_times
+    gets each step's token-level part (step_tokens, before the output processor)."""
     params = SamplingParams(temperature=0, max_tokens=warmup + args.steps + 4, ignore_eos=True)
     ids = [f"overhead-{time.monotonic_ns()}-{i}" for i in range(n)]
     for request_id, prompt in zip(ids, prompts(n, args.prompt_len), strict=True):
@@ -155,8 +175,12 @@ def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
         splits.enabled = True
     for _ in range(args.steps):
         t0 = time.perf_counter()
-        engine.step()
+        outputs = engine.step_tokens()
+        t1 = time.perf_counter()
+        engine.process_outputs(outputs)
         times.append(1e3 * (time.perf_counter() - t0))
+        if thread_times is not None:
+            thread_times.append(1e3 * (t1 - t0))
     if splits is not None:
         splits.enabled = False
     engine.abort_requests(ids)
@@ -166,8 +190,10 @@ def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
 
 
 def measure_serve(model: str, n: int, args: argparse.Namespace, transport: str) -> list[float]:
-    """The clients' median inter-token latency (ms) of n streams decoding together, a figure per
-    repeat, against `batchwire serve --transport <transport>`."""
+    """The clients' median time per output token (ms; TPOT, first to last message) of n streams
+    decoding together, a figure per repeat, against `batchwire serve --transport <transport>`.
+    Not the gap between messages: when the engine thread runs ahead of the event loop, a
+    message carries several tokens, and the gap overstates the step."""
     max_tokens = args.steps + 8
     settings = engine_settings(n, args.prompt_len, max_tokens)
     server = ServeProcess(
@@ -186,10 +212,9 @@ def measure_serve(model: str, n: int, args: argparse.Namespace, transport: str) 
                                        desc=f"serve {transport}, {n} streams")
             failed = [r.error for r in records if r.error or r.num_output_tokens != max_tokens]
             assert not failed, f"serve {transport}: {len(failed)} streams failed: {failed[:2]}"
-            # The steady part: every stream past its first few tokens, none finishing yet.
-            gaps = [b - a for r in records for a, b in zip(r.chunk_times[4:-4],
-                                                           r.chunk_times[5:-3], strict=True)]
-            runs.append(1e3 * statistics.median(gaps))
+            runs.append(1e3 * statistics.median(
+                (r.chunk_times[-1] - r.chunk_times[0]) / (r.num_output_tokens - 1)
+                for r in records))
     finally:
         server.stop()
     return runs

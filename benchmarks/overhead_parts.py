@@ -1,6 +1,7 @@
 """Where an engine's decode step goes, part by part: timers around the scheduler's calls, the
-detokenizer and, with the in-process worker, each part of the worker's step. Timers add a few
-microseconds per call, so this run is not one of the timed ones."""
+output processor (text, after the token-level step) and, with the in-process worker, each part
+of the worker's step. Timers add a few microseconds per call, so this run is not one of the
+timed ones."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ from typing import Any
 
 from batchwire.benchmarks.step_profile import Splits
 
-from scheduler_svc.core.detokenizer import IncrementalDetokenizer
+from scheduler_svc.core.output_processor import OutputProcessor
 
 # Part -> what it holds, for the reader of the table.
 PARTS = {
     "schedule()": "the scheduler's decision and the SchedulerOutput it builds",
-    "output processing": "update_from_output less detokenization: tokens appended, stop checks",
-    "detokenization": "the incremental detokenizer, stop strings",
+    "output processing": "update_from_output: tokens appended, token stop checks",
+    "detokenization": "the output processor after the token-level step: incremental "
+                      "detokenizer, stop strings (a server runs it on its event loop)",
     "validation": "the worker's checks of the SchedulerOutput",
     "runner inputs": "_update_states (persistent batch) and _prepare_inputs",
     "forward": "the model and its LM head",
@@ -38,7 +40,7 @@ def profile_parts(engine: Any, run: Callable[[Splits], list[float]]) -> dict[str
     splits.enabled = False
     splits.wrap(scheduler, "schedule", "schedule()")
     splits.wrap(scheduler, "update_from_output", "output processing")
-    splits.wrap(IncrementalDetokenizer, "update", "detokenization")
+    splits.wrap(OutputProcessor, "process", "detokenization")
     worker = getattr(engine.executor, "worker", None)
     if worker is not None:  # the in-process worker: its parts too
         runner = worker.runner
@@ -56,7 +58,6 @@ def profile_parts(engine: Any, run: Callable[[Splits], list[float]]) -> dict[str
     finally:
         splits.undo()
     seconds = dict(splits.seconds)
-    seconds["output processing"] -= seconds.get("detokenization", 0.0)  # it runs inside
     ms = {p: 1e3 * seconds[p] / len(times) for p in PARTS if p in seconds}
     rest = "engine loop, other" if worker is not None else "transport and worker"
     ms[rest] = sum(times) / len(times) - sum(ms.values())

@@ -75,7 +75,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--no-prefix-caching", action="store_true")
-    ap.add_argument("--tokenizer", action="store_true", help="detokenize with the default model's")
+    ap.add_argument("--tokenizer", action="store_true", help="give the scheduler the default "
+                    "model's tokenizer (text is made after the step, not by the scheduler)")
     args = ap.parse_args()
 
     tokenizer = None
@@ -90,7 +91,7 @@ def main() -> None:
     total = [a + b for a, b in zip(sched_us, update_us, strict=True)]
     print(f"{args.running} running, {args.waiting} waiting, {args.steps} decode steps, "
           f"prefix caching {'off' if args.no_prefix_caching else 'on'}, "
-          f"detokenizer {'on' if tokenizer else 'off'}")
+          f"tokenizer {'on' if tokenizer else 'off'}")
     print(f"  schedule()            median {statistics.median(sched_us):8.1f} us")
     print(f"  update_from_output()  median {statistics.median(update_us):8.1f} us")
     print(f"  step total            median {statistics.median(total):8.1f} us"

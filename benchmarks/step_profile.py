@@ -17,13 +17,14 @@ import worker_svc.model_runner as model_runner_module
 
 # Part of the step -> what a reader of the table should take it to mean.
 PARTS = {
-    "scheduler": "schedule(), grammar bitmask, update_from_output() (stop checks, detokenizer)",
+    "scheduler": "schedule(), grammar bitmask, update_from_output() (token stop checks)",
     "runner inputs": "validation, _update_states (persistent batch), _prepare_inputs",
     "attention": "reshape_and_cache + paged_attention, all layers",
     "model, rest": "forward pass less attention: matmuls, norms, rotary, activations",
     "LM head": "logits of the sampled rows",
     "sampling": "sampler and recording the sampled tokens",
-    "engine loop, other": "the rest of LLM.generate: the loop, outputs, Python",
+    "engine loop, other": "the rest of LLM.generate: the loop, the output processor (text, "
+                          "stop strings), Python",
 }
 
 

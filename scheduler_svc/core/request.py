@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import time
 
-from scheduler_svc.core.detokenizer import IncrementalDetokenizer
 from scheduler_svc.core.outputs import TokenLogprobs
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
@@ -44,7 +43,7 @@ class Request:
         "wire_id", "request_id", "prompt_token_ids", "sampling_params", "eos_token_ids",
         "arrival_time", "priority", "cache_salt", "status", "stop_reason", "all_token_ids",
         "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "block_hashes",
-        "detokenizer", "stop_ids", "max_num_tokens", "num_cached_tokens", "grammar",
+        "stop_ids", "max_num_tokens", "num_cached_tokens", "grammar",
         "prompt_logprobs",
         "pooling", "num_sent_tokens", "num_output_placeholders",
     )
@@ -59,7 +58,6 @@ class Request:
         arrival_time: float | None = None,
         priority: int = 0,
         cache_salt: str | None = None,
-        detokenizer: IncrementalDetokenizer | None = None,
         max_model_len: int | None = None,
     ) -> None:
         # Two ids: `request_id` is the client's (unique among active requests of an engine, the
@@ -82,7 +80,6 @@ class Request:
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
         self.block_hashes: list[bytes] = []  # chained hashes of the full blocks, grown lazily
-        self.detokenizer = detokenizer
         self.grammar: RequestGrammar | None = None  # the matcher of a constrained request
         # Collected across prefill chunks until the first output takes them; None = not asked,
         # or sent already.

@@ -22,7 +22,6 @@ from batchwire.v1 import worker_pb2
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.bad_words import bad_words_token_ids
-from scheduler_svc.core.detokenizer import IncrementalDetokenizer
 from scheduler_svc.core.errors import InvalidRequestError, QueueFullError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.outputs import EngineCoreOutput, TokenLogprobs
@@ -119,15 +118,14 @@ class Scheduler:
         cache_salt: str | None = None,
         grammar: RequestGrammar | None = None,
         output_token_ids: Sequence[int] = (),
-        detokenizer: IncrementalDetokenizer | None = None,
         pooling: PoolingParams | None = None,
     ) -> Request:
         """Validates and queues a request; raises InvalidRequestError or QueueFullError.
 
         A request moved from another replica brings what it has done there: `output_token_ids`
-        (recomputed after the prompt; they count towards max_tokens and the penalties), its
-        `detokenizer` (with any text held back for stop strings) and its `grammar` matcher,
-        already past that output."""
+        (recomputed after the prompt; they count towards max_tokens and the penalties) and its
+        `grammar` matcher, already past that output. Its text is not the scheduler's: the
+        caller's output processor keeps it (core/output_processor.py)."""
         prompt_token_ids = truncate_prompt(prompt_token_ids, sampling_params, self.max_model_len)
         validate_prompt([*prompt_token_ids, *output_token_ids] if output_token_ids
                         else prompt_token_ids, self.vocab_size, self.max_model_len)
@@ -154,14 +152,9 @@ class Scheduler:
                                  f"{self.config.max_queued_requests}")
         wire_id = short_id(self._next_id)
         self._next_id += 1
-        detok = detokenizer
-        if detok is None and self.tokenizer is not None:
-            detok = IncrementalDetokenizer(
-                self.tokenizer, prompt_token_ids, sampling_params.stop,
-                sampling_params.include_stop_str_in_output, sampling_params.skip_special_tokens)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         request = Request(wire_id, list(prompt_token_ids), sampling_params, self.eos_token_ids,
-                          request_id, arrival, priority, cache_salt, detok, self.max_model_len)
+                          request_id, arrival, priority, cache_salt, self.max_model_len)
         request.all_token_ids.extend(output_token_ids)
         request.pooling = pooling
         self.requests[wire_id] = request
@@ -174,17 +167,31 @@ class Scheduler:
     def abort_requests(self, requests: Iterable[Request]) -> list[EngineCoreOutput]:
         """Frees the requests' blocks now; the worker hears of them in the next step. Requests
         that already finished are skipped."""
+        return [self._end(r, RequestStatus.FINISHED_ABORTED) for r in requests
+                if self.requests.get(r.wire_id) is r]
+
+    def stop_requests(self, stops: Iterable[tuple[Request, int, str]]
+                      ) -> list[EngineCoreOutput]:
+        """Ends requests that a stop string ended in the output processor, as update_from_output
+        once ended them: (request, the output tokens its client got, the stop string). The
+        tokens sampled after those are dropped and the blocks freed; requests that already
+        finished are skipped. The outputs (no tokens) confirm the end to the caller."""
         outputs = []
-        for request in requests:
+        for request, num_output_tokens, stop in stops:
             if self.requests.get(request.wire_id) is not request:
-                continue  # finished already, or never here
-            if request.status == RequestStatus.RUNNING:
-                self.running.remove(request)
-            else:
-                self.waiting.remove(request)
-            self._finish(request, RequestStatus.FINISHED_ABORTED)
-            outputs.append(self._output(request, [], "", None))
+                continue  # a token rule ended it first, or it was aborted
+            del request.all_token_ids[request.num_prompt_tokens + num_output_tokens:]
+            request.stop_reason = stop
+            outputs.append(self._end(request, RequestStatus.FINISHED_STOPPED))
         return outputs
+
+    def _end(self, request: Request, status: RequestStatus) -> EngineCoreOutput:
+        if request.status == RequestStatus.RUNNING:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, status)
+        return self._output(request, [], "", None)
 
     def has_requests(self) -> bool:
         """Work left: unfinished requests, or finished ids the worker has not heard of yet."""
@@ -318,8 +325,9 @@ class Scheduler:
     def update_from_output(
         self, so: worker_pb2.SchedulerOutput, model_output: worker_pb2.ModelRunnerOutput
     ) -> list[EngineCoreOutput]:
-        """Appends the sampled tokens of step `so`, applies the stop rules, frees finished
-        requests' blocks; returns what each request gained, for the caller to stream."""
+        """Appends the sampled tokens of step `so`, applies the token stop rules, frees finished
+        requests' blocks; returns what each request gained (token ids: the caller's output
+        processor adds the text and checks stop strings)."""
         if model_output.pooler_output:
             return self._update_from_pooled(model_output)
         outputs = []
@@ -348,35 +356,27 @@ class Scheduler:
                 token = new_ids[0]
                 all_ids = request.all_token_ids
                 all_ids.append(token)
-                status = None
                 if token in request.stop_ids or len(all_ids) >= request.max_num_tokens:
                     status = check_stop(request, max_model_len)
-                text = ""
-                detok = request.detokenizer
-                if detok is not None:
-                    text, stop_str = detok.update(new_ids, finished=status is not None)
-                    if stop_str is not None and status is None:
-                        status = RequestStatus.FINISHED_STOPPED
-                        request.stop_reason = stop_str
-                if status is None:
-                    outputs.append(EngineCoreOutput(
-                        request.request_id, new_ids, text, False, None, None,
-                        request.num_prompt_tokens, len(all_ids) - request.num_prompt_tokens, None,
-                        request.num_cached_tokens))
-                    continue
-                self._stop(request, status, stopped)
-                outputs.append(self._output(request, new_ids, text, None))
+                    if status is not None:
+                        self._stop(request, status, stopped)
+                        outputs.append(self._output(request, new_ids, "", None))
+                        continue
+                outputs.append(EngineCoreOutput(
+                    request.request_id, new_ids, "", False, None, None,
+                    request.num_prompt_tokens, len(all_ids) - request.num_prompt_tokens, None,
+                    request.num_cached_tokens))
                 continue
             if drafted is not None and (num_drafts := drafted.get(req_id, 0)):
                 # The worker kept len(new_ids) of the 1 + d positions; the KV of the rest is
                 # stale, recomputed from the first rejected position on.
                 request.num_computed_tokens -= num_drafts + 1 - len(new_ids)
                 self.stats.record_verified(num_drafts, len(new_ids) - 1)
-            status, text = append_tokens(request, new_ids, self.max_model_len)
+            status = append_tokens(request, new_ids, self.max_model_len)
             logprobs = read_logprobs(model_output, index, drafted is not None, len(new_ids))
             if status is not None:
                 self._stop(request, status, stopped)
-            outputs.append(self._output(request, new_ids, text, logprobs))
+            outputs.append(self._output(request, new_ids, "", logprobs))
             if request.prompt_logprobs is not None:
                 outputs[-1].prompt_logprobs, request.prompt_logprobs = request.prompt_logprobs, None
         if stopped:

@@ -12,7 +12,7 @@ from scheduler_svc.core.request import Request, RequestStatus
 def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
     """The finished status the request's last token puts it in, or None to go on.
 
-    Sets request.stop_reason when a stop token id hit. Stop strings are the detokenizer's job.
+    Sets request.stop_reason when a stop token id hit. Stop strings are the output processor's.
     """
     params = request.sampling_params
     num_tokens = len(request.all_token_ids)
@@ -32,29 +32,23 @@ def check_stop(request: Request, max_model_len: int) -> RequestStatus | None:
 
 
 def append_tokens(request: Request, new_ids: list[int], max_model_len: int
-                  ) -> tuple[RequestStatus | None, str]:
-    """Appends a step's tokens one by one through the grammar, the stop rules and the
-    detokenizer; returns (the finished status or None, the text to stream).
+                  ) -> RequestStatus | None:
+    """Appends a step's tokens one by one through the grammar and the stop rules; returns the
+    finished status or None. (Stop strings are checked on the text, off the engine thread:
+    core/output_processor.py.)
 
     One at a time, so that a step that kept several tokens (speculative decoding) ends the
     request at the very token a step per token would have: new_ids is cut after it."""
     tokens = request.all_token_ids
-    grammar, detok = request.grammar, request.detokenizer
-    status = None
-    text = ""
+    grammar = request.grammar
     for j, token in enumerate(new_ids):
         tokens.append(token)
+        status = None
         if grammar is not None and grammar.accept(token):
             status = RequestStatus.FINISHED_STOPPED  # the grammar is complete
         elif token in request.stop_ids or len(tokens) >= request.max_num_tokens:
             status = check_stop(request, max_model_len)
-        if detok is not None:
-            delta, stop_str = detok.update((token,), finished=status is not None)
-            text += delta
-            if stop_str is not None and status is None:
-                status = RequestStatus.FINISHED_STOPPED
-                request.stop_reason = stop_str
         if status is not None:
             del new_ids[j + 1:]
-            break
-    return status, text
+            return status
+    return None

@@ -6,6 +6,12 @@ through the engine's inbox; the thread applies them between steps and hands each
 back to the loop in one call_soon_threadsafe. A stream closed before its request finished (the
 client cancelled, its deadline passed) aborts the request, which frees its blocks.
 
+The engine thread's outputs carry token ids only. Their text is made here, on the event loop,
+by each stream's RequestText (core/output_processor.py: the incremental detokenizer, held-back
+text, stop strings), so the engine thread never detokenizes. A stop string ends the stream at
+once, cut after the token that completed it; the engine hears of it by a StopRequests command,
+and whatever it sampled for the request meanwhile is dropped here.
+
 Streams are kept by the client's request id, the one id of a request. A closed stream keeps its
 id until the engine has confirmed the request's end (its last output), so that an id reused at
 once can never receive the old request's late outputs.
@@ -23,10 +29,11 @@ from concurrent.futures import Future
 from typing import Any
 
 from scheduler_svc.core.errors import RequestIdInUseError
+from scheduler_svc.core.output_processor import RequestText, Stops
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
-from scheduler_svc.engine.commands import AbortRequests, AddRequest, Command
+from scheduler_svc.engine.commands import AbortRequests, AddRequest, Command, StopRequests
 from scheduler_svc.engine.engine_core import EngineCore
 from scheduler_svc.engine.replicas import NoReplicaError, ReplicatedEngine
 
@@ -72,8 +79,10 @@ class RequestStream:
     """One request's outputs, in order. Iterating merges whatever has queued up since the last
     read into one delta, so a slow reader gets fewer, larger messages rather than a backlog."""
 
-    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
+    def __init__(self, engine: AsyncEngine, request_id: str,
+                 text: RequestText | None = None) -> None:
         self.request_id = request_id  # the client's id
+        self.text = text  # its detokenizer; None: no tokenizer, or an embedding request
         self.arrival = time.monotonic()
         self.first_token_time: float | None = None
         self.finished = False  # the engine sends nothing more: finished, failed or closed
@@ -192,7 +201,10 @@ class AsyncEngine:
         if request_id in self._streams:
             raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
                                       "active request")
-        stream = RequestStream(self, request_id)
+        tokenizer = self.core.tokenizer
+        text = (RequestText(tokenizer, prompt_token_ids, params)
+                if tokenizer is not None and pooling is None else None)
+        stream = RequestStream(self, request_id, text)
         self._streams[request_id] = stream
         self._idle.clear()
         command = AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt,
@@ -303,17 +315,29 @@ class AsyncEngine:
 
 
     def _deliver(self, outputs: list[EngineCoreOutput]) -> None:
+        """One step's outputs: text, then each to its stream. The engine's last output for a
+        request confirms its end (the stream forgets the id then)."""
+        stops: Stops = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
-            open_ = not stream.finished  # False: its reader went away, the abort is confirming
-            if open_:
+            engine_finished = out.finished
+            # Closed: its reader went away (the abort is confirming) or a stop string ended it.
+            if not stream.finished:
+                if stream.text is not None:
+                    stop = stream.text.apply(out)
+                    if stop is not None:
+                        stops[out.request_id] = (out.num_output_tokens, stop)
                 stream._push(out)
-            if out.finished:
+                if stream.finished and not engine_finished and self.observer is not None:
+                    self.observer.observe_finished(stream, out)  # a stop string ended it
+            if engine_finished:
                 self._forget(stream)
-                if self.observer is not None:  # a closed stream ends too: counted as "abort"
-                    self.observer.observe_finished(stream, out)
+                if self.observer is not None and not (stream.text and stream.text.stopped):
+                    self.observer.observe_finished(stream, out)  # a closed one: "abort"
+        if stops:
+            self._send(StopRequests(stops))
 
     def _fail(self, request_ids: list[str], error: Exception) -> None:
         """Ends these requests' streams with the error (the engine itself goes on)."""

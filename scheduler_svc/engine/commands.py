@@ -34,6 +34,14 @@ class AbortRequests:
 
 
 @dataclasses.dataclass(slots=True)
+class StopRequests:
+    """Requests that a stop string ended in the output processor (the clients' ids -> (output
+    tokens the client got, the stop string)); already finished ones are skipped."""
+
+    stops: dict[str, tuple[int, str]]
+
+
+@dataclasses.dataclass(slots=True)
 class AttachReplica:
     executor: Any  # a connected Executor of a worker group
     replica_id: str | None = None  # None: the engine names it
@@ -47,7 +55,7 @@ class DetachReplica:
     done: Future = dataclasses.field(default_factory=Future)  # (moved, lost), once it left
 
 
-Command = AddRequest | AbortRequests | AttachReplica | DetachReplica
+Command = AddRequest | AbortRequests | StopRequests | AttachReplica | DetachReplica
 
 
 class Inbox:

@@ -12,6 +12,12 @@ N+1; sample_step builds N+1's grammar bitmask from matchers N's tokens advanced 
 N+1's tokens, which the next step reads. The worker never has two calls pending: N's reply
 is read before N+1 is sent.
 
+The step itself is token-level: its outputs carry token ids, and text and stop strings are the
+output processor's (core/output_processor.py). step(), the offline path, is step_tokens() then
+process_outputs(), which makes the text inline and stops the requests a stop string ended; a
+server's ReplicatedEngine steps its cores call by call and leaves the text to the AsyncEngine's
+event loop.
+
 The engine holds no model and makes no decision of its own. It keeps the one map from the
 client's request id to the request; below it, the scheduler knows requests by their wire id.
 """
@@ -27,6 +33,7 @@ from batchwire.v1 import worker_pb2
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.errors import RequestIdInUseError
+from scheduler_svc.core.output_processor import OutputProcessor, Stops
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.pooling import prefix_caching_allowed
 from scheduler_svc.core.request import Request
@@ -63,6 +70,9 @@ class EngineCore:
         self.requests: dict[str, Request] = {}  # the client's request id -> unfinished request
         self.async_scheduling = self.scheduler.async_scheduling
         self.in_flight: StepInFlight | None = None  # async: sampled, its tokens not yet applied
+        # step()'s text, inline; None without a tokenizer, and for a core that a replicated
+        # engine steps (its caller makes the text).
+        self.output_processor = OutputProcessor(tokenizer) if tokenizer is not None else None
 
 
     def add_request(self, prompt_token_ids: Sequence[int], sampling_params: SamplingParams,
@@ -74,12 +84,21 @@ class EngineCore:
         request = self.scheduler.add_request(prompt_token_ids, sampling_params,
                                              request_id=request_id, **kwargs)
         self.requests[request.request_id] = request
+        if self.output_processor is not None and request.pooling is None:
+            self.output_processor.add_request(request.request_id, request.prompt_token_ids,
+                                              sampling_params)
         return request
 
     def abort_requests(self, request_ids: Iterable[str]) -> list[EngineCoreOutput]:
         """Ends the requests now (finish_reason "abort"); unknown or finished ids are skipped."""
         found = [self.requests[i] for i in request_ids if i in self.requests]
-        return self._forget_finished(self.scheduler.abort_requests(found))
+        return self.process_outputs(self._forget_finished(self.scheduler.abort_requests(found)))
+
+    def stop_requests(self, stops: Stops) -> list[EngineCoreOutput]:
+        """Ends the requests a stop string ended in the output processor (client id -> (output
+        tokens its client got, the stop string)); their outputs confirm the end."""
+        found = [(self.requests[i], n, s) for i, (n, s) in stops.items() if i in self.requests]
+        return self._forget_finished(self.scheduler.stop_requests(found))
 
     def remove_request(self, request: Request) -> None:
         """Takes a request out without an output for its client: it moved to another replica."""
@@ -91,10 +110,25 @@ class EngineCore:
 
 
     def step(self) -> list[EngineCoreOutput]:
+        """One step, then its text (the offline path)."""
+        return self.process_outputs(self.step_tokens())
+
+    def step_tokens(self) -> list[EngineCoreOutput]:
+        """One step, token-level: what the engine thread of a server does."""
         step = self.launch_step()
         outputs = self.apply_in_flight()
         self.sample_step(step)
         return outputs + self.finish_step(step)
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
+        """The output processor over outputs, inline; a request a stop string ended stops now,
+        before the next step is scheduled."""
+        if self.output_processor is None:
+            return outputs
+        outputs, stops = self.output_processor.process(outputs)
+        if stops:
+            self.output_processor.process(self.stop_requests(stops))  # confirmations: dropped
+        return outputs
 
     def launch_step(self) -> StepInFlight | None:
         """Schedules and sends the forward pass; None when there is nothing to schedule."""

@@ -2,11 +2,12 @@
 or left with no other to take them, and new ones that arrive while no replica is live.
 
 A moved request is its Request, which keeps everything its client has seen (output tokens,
-detokenizer, grammar matcher), so placing it later is the same move as placing it on a survivor
-at once: the stream goes on with no gap and no duplicate. A new one is its AddRequest command,
-whose `admitted` future stays pending until a replica takes it or the wait ends: to its client
-the wait is an admission that takes longer. Each waits until its deadline, then fails with
-NoReplicaError (UNAVAILABLE), as it would have at once without a grace period.
+grammar matcher; its text lives in the caller's output processor), so placing it later is the
+same move as placing it on a survivor at once: the stream goes on with no gap and no
+duplicate. A new one is its AddRequest command, whose `admitted` future stays pending until a
+replica takes it or the wait ends: to its client the wait is an admission that takes longer.
+Each waits until its deadline, then fails with NoReplicaError (UNAVAILABLE), as it would have
+at once without a grace period.
 """
 
 from __future__ import annotations
@@ -26,6 +27,14 @@ class Parked:
     arrival: float  # placement order: the oldest first
     request: Request | None = None  # moved: everything it has done on its replica
     command: AddRequest | None = None  # new: not admitted yet
+
+    def stop_output(self, num_output_tokens: int, stop: str) -> EngineCoreOutput:
+        """The last output of a moved request a stop string ended while it waits: only moved
+        requests have output, so only they can meet a stop string."""
+        assert self.request is not None
+        return EngineCoreOutput(self.request_id, [], finished=True, finish_reason="stop",
+                                stop_reason=stop, num_prompt_tokens=self.request.num_prompt_tokens,
+                                num_output_tokens=num_output_tokens)
 
     def abort_output(self) -> EngineCoreOutput:
         """The last output of a request aborted while it waits (finish_reason "abort")."""

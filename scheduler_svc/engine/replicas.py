@@ -47,6 +47,7 @@ from scheduler_svc.engine.commands import (
     Command,
     DetachReplica,
     Inbox,
+    StopRequests,
 )
 from scheduler_svc.engine.engine_core import EngineCore, StepInFlight
 from scheduler_svc.engine.parked import Parked, ParkedRequests
@@ -164,6 +165,19 @@ class ReplicatedEngine:
                 outputs += replica.core.abort_requests([request_id])
         return outputs
 
+    def stop_requests(self, stops: dict[str, tuple[int, str]]) -> list[EngineCoreOutput]:
+        """Ends requests a stop string ended (EngineCore.stop_requests), wherever they run."""
+        outputs = []
+        for request_id, stop in stops.items():
+            parked = self.parked.take(request_id)
+            if parked is not None:  # waiting for a replica: it ends now, not at its deadline
+                outputs.append(parked.stop_output(*stop))
+                continue
+            replica = self._replica_of(request_id)
+            if replica is not None:
+                outputs += replica.core.stop_requests({request_id: stop})
+        return outputs
+
     def has_requests(self) -> bool:
         return bool(self.parked) or self._has_work()
 
@@ -263,6 +277,8 @@ class ReplicatedEngine:
     def _apply(self, command: Command) -> list[EngineCoreOutput]:
         if isinstance(command, AbortRequests):
             return self.abort_requests(command.request_ids)
+        if isinstance(command, StopRequests):
+            return self.stop_requests(command.stops)
         try:
             if isinstance(command, AddRequest):
                 try:
@@ -379,7 +395,8 @@ class ReplicatedEngine:
 
     def move_request(self, request: Request, source: Replica) -> bool:
         """Re-queues an unfinished request on another replica with everything it has done: its
-        output tokens, its detokenizer and its grammar matcher (scheduler.add_request)."""
+        output tokens and its grammar matcher (scheduler.add_request); its text stays with the
+        caller's output processor."""
         target = self._place(request.all_token_ids, request.cache_salt, exclude=source)
         if target is None:
             return False
@@ -398,9 +415,7 @@ class ReplicatedEngine:
             request.prompt_token_ids, request.sampling_params, request_id=request.request_id,
             arrival_time=request.arrival_time, priority=request.priority,
             cache_salt=request.cache_salt, grammar=request.grammar,
-            output_token_ids=request.output_token_ids, detokenizer=request.detokenizer,
-            pooling=request.pooling)
-
+            output_token_ids=request.output_token_ids, pooling=request.pooling)
 
     def add_replica(self, core: EngineCore, replica_id: str | None = None) -> Replica:
         info = core.info
@@ -413,6 +428,7 @@ class ReplicatedEngine:
         replica_id = replica_id or f"replica-{next(self._replica_ids)}"
         if any(r.replica_id == replica_id for r in self.replicas):
             raise ValueError(f"replica id {replica_id!r} is already in use")
+        core.output_processor = None  # stepped call by call, token-level: the caller's text
         replica = Replica(replica_id, core)
         self.replicas.append(replica)
         logger.info("replica %s joined: %d KV blocks", replica_id, info.num_blocks)

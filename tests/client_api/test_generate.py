@@ -13,6 +13,7 @@ from batchwire.v1 import generate_pb2
 
 from scheduler_svc import SamplingParams
 from tests.client_api.server_process import collect, greedy, text_request
+from tests.stop_strings import stop_across_tokens
 
 pytestmark = pytest.mark.slow
 
@@ -157,6 +158,27 @@ def test_stop_string_ends_the_text_before_it(server):
     assert last.finish_reason == "stop"
     assert last.WhichOneof("stop_reason") == "stop_string" and last.stop_string == "."
     assert text == " Paris"
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_no_token_past_a_stop_string_reaches_the_client(server, reference, default_tokenizer,
+                                                        include):
+    """A stop string across two tokens ends the stream at the token that completes it: the
+    server's event loop finds it in the text after the engine thread has moved on, and what the
+    engine sampled since never reaches the client; the text is cut before the string (after it
+    with include_stop_str_in_output)."""
+    ref = reference[PROMPTS[0]]
+    found = stop_across_tokens(default_tokenizer, ref.token_ids)
+    assert found is not None, ref.text
+    stop, start, n = found
+    request = text_request(PROMPTS[0], greedy(MAX_TOKENS, stop=[stop],
+                                              include_stop_str_in_output=include))
+    ids, text, last, _ = collect(server.stub.Generate(request, timeout=60))
+    assert ids == ref.token_ids[:n]
+    assert text == ref.text[:start + len(stop) if include else start]
+    assert last.finish_reason == "stop" and last.stop_string == stop
+    assert last.usage.completion_tokens == n
+    server.wait_idle()  # the engine confirmed the stop: the request holds nothing
 
 
 def test_stop_token_id_is_reported(server, reference):

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 from batchwire.v1 import worker_pb2
 
 from scheduler_svc.config import SchedulerConfig
+from scheduler_svc.core.output_processor import OutputProcessor
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.engine.engine_core import EngineCore
 from scheduler_svc.executors.uni import UniProcExecutor
@@ -55,7 +58,27 @@ def fake_output(scheduler: Scheduler, so: worker_pb2.SchedulerOutput,
 def run_step(scheduler: Scheduler, tokens: dict[str, int] | int = 7):
     """schedule() then update_from_output() with fake tokens; returns (so, outputs)."""
     so = scheduler.schedule()
-    return so, scheduler.update_from_output(so, fake_output(scheduler, so, tokens))
+    return so, update_with_text(scheduler, so, fake_output(scheduler, so, tokens))
+
+
+_output_processors: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def update_with_text(scheduler: Scheduler, so: worker_pb2.SchedulerOutput,
+                     model_output: worker_pb2.ModelRunnerOutput):
+    """update_from_output(), then, when the scheduler has a tokenizer, what the engine's caller
+    does with its outputs: the output processor (text, stop strings), and stop_requests for the
+    requests a stop string ended."""
+    if scheduler.tokenizer is None:
+        return scheduler.update_from_output(so, model_output)
+    text = _output_processors.setdefault(scheduler, OutputProcessor(scheduler.tokenizer))
+    requests = {r.request_id: r for r in scheduler.requests.values()}
+    for request_id, r in requests.items():
+        if request_id not in text:
+            text.add_request(request_id, r.prompt_token_ids, r.sampling_params)
+    outputs, stops = text.process(scheduler.update_from_output(so, model_output))
+    text.process(scheduler.stop_requests([(requests[i], n, s) for i, (n, s) in stops.items()]))
+    return outputs
 
 
 def make_fake_engine(num_blocks: int, block_size: int, vocab_size: int = 64,

@@ -11,7 +11,13 @@ from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.scheduler_stats import SchedulerStats
 
-from .conftest import ByteTokenizer, make_fake_engine, make_scheduler, scheduled_tokens
+from .conftest import (
+    ByteTokenizer,
+    make_fake_engine,
+    make_scheduler,
+    scheduled_tokens,
+    update_with_text,
+)
 from .fake_worker import copy_next_token
 
 SPEC = dict(speculative_method="ngram", num_speculative_tokens=3, prompt_lookup_min=1)
@@ -122,7 +128,7 @@ def decode_step(scheduler, so, tokens: list[int], logprobs: bool = False):
         positions = out.token_logprobs.add().positions
         for t in tokens:
             positions.add(token_ids=[t], logprobs=[-0.5], sampled_token_rank=1)
-    return scheduler.update_from_output(so, out)
+    return update_with_text(scheduler, so, out)
 
 
 def two_steps(scheduler, params, prompt, step_tokens, logprobs=False):

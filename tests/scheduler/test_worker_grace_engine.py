@@ -129,3 +129,19 @@ def test_without_a_grace_period_requests_fail_at_once():
         engine.step()
     assert info.value.request_ids == ["r0"] and not engine.parked
     assert engine.idle_wait_s() is None  # nothing to watch: the loop sleeps until woken
+
+
+def test_a_stop_string_ends_a_waiting_request_at_once():
+    """The output processor may find a stop string in text the engine already sent after the
+    request's replica died: the request waits for a replica then, and must end now, not at the
+    end of the grace period."""
+    engine, first = engine_with(30)
+    engine.add_request(PROMPTS[0], PARAMS, request_id="r0")
+    got = sum((len(out.new_token_ids) for _ in range(3) for out in engine.step()), 0)
+    first.down = True
+    engine.step()
+    assert "r0" in engine.parked
+    (out,) = engine.stop_requests({"r0": (got, "stop here")})
+    assert (out.finished, out.finish_reason, out.stop_reason) == (True, "stop", "stop here")
+    assert out.num_output_tokens == got and "r0" not in engine.parked
+    assert not engine.has_requests()

@@ -9,6 +9,7 @@ import pytest
 
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.engine.engine_core import EngineCore
+from tests.stop_strings import stop_across_tokens
 
 from .conftest import scheduler_config
 
@@ -152,3 +153,64 @@ def test_async_scheduling_survives_preemption(tiny_llama, default_tokenizer, ref
 def test_async_scheduling_refuses_speculative_decoding(tiny_llama):
     with pytest.raises(ValueError, match="async_scheduling does not combine"):
         scheduler_config(tiny_llama, async_scheduling=True, speculative_method="ngram")
+
+
+def test_a_stop_string_across_two_steps_ends_the_stream_at_its_token(tiny_llama,
+                                                                      default_tokenizer):
+    """Async scheduling on: a stop string whose characters come from two tokens (two steps) ends
+    each request at the second token, its text cut before the string (or after it, with
+    include_stop_str_in_output), offline (text inline after each step) and through the
+    AsyncEngine (text on its event loop, the engine told afterwards): what the engine sampled
+    past the stop never reaches the stream, and every block comes back."""
+    import asyncio
+
+    from scheduler_svc.engine.async_engine import AsyncEngine
+
+    config = scheduler_config(tiny_llama, async_scheduling=True)
+    engine = EngineCore(config, tokenizer=default_tokenizer)
+    free = _run(engine, [_free(i) for i in range(len(PROMPTS))])
+    params, want = [], {}
+    for i in range(len(PROMPTS)):
+        r, ids = f"r{i}", free[f"r{i}"].token_ids
+        found = stop_across_tokens(default_tokenizer, ids)
+        base = _free(i)
+        if found is None:
+            params.append(base)
+            want[r] = (ids, free[r].text, "length", None)
+            continue
+        stop, start, n = found
+        include = i % 2 == 1
+        params.append(SamplingParams(temperature=base.temperature, seed=base.seed,
+                                     max_tokens=30, ignore_eos=True, stop=[stop],
+                                     include_stop_str_in_output=include))
+        want[r] = (ids[:n], free[r].text[:start + len(stop) if include else start], "stop", stop)
+    assert sum(w[2] == "stop" for w in want.values()) >= 3, want
+
+    offline = _run(engine, params)
+
+    async def through_async_engine():
+        async_engine = AsyncEngine(engine)
+        async_engine.start()
+        streams = {f"r{i}": await async_engine.add_request(f"r{i}", PROMPTS[i], p)
+                   for i, p in enumerate(params)}
+        clients = {}
+        for r, stream in streams.items():
+            clients[r] = Client()
+            async for out in stream:
+                clients[r].take(out)
+                clients[r].stop_reason = out.stop_reason
+        await async_engine.wait_until_idle()
+        return async_engine, clients
+
+    async_engine, streamed = asyncio.run(through_async_engine())
+    try:
+        assert not engine.scheduler.requests and not engine.requests
+        kv = engine.scheduler.kv
+        assert kv.num_free_blocks == kv.pool.num_blocks - 1
+    finally:
+        async_engine.shutdown()
+    for r, (ids, text, reason, stop) in want.items():
+        for got in (offline[r], streamed[r]):
+            assert (got.token_ids, got.text, got.finish_reason) == (ids, text, reason), r
+            assert got.num_output_tokens == len(ids)
+        assert streamed[r].stop_reason == stop
