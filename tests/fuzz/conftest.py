@@ -1,0 +1,25 @@
+"""The fuzz tests' worker process: the tiny random Llama on loopback, one torch thread."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from tests.services.conftest import WorkerProcess
+
+
+@pytest.fixture(scope="package")
+def fuzz_worker(tmp_path_factory, tiny_llama):
+    threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
+    torch.set_num_threads(1)  # the reference worker in this process too
+    os.environ["OMP_NUM_THREADS"] = "1"  # inherited by the worker process
+    worker = WorkerProcess(tiny_llama, tmp_path_factory.mktemp("fuzz-worker")).wait_ready()
+    yield worker
+    worker.kill()
+    torch.set_num_threads(threads)
+    if env is None:
+        del os.environ["OMP_NUM_THREADS"]
+    else:
+        os.environ["OMP_NUM_THREADS"] = env
