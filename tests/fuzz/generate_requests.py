@@ -90,6 +90,35 @@ def valid_sampling(draw) -> pb.SamplingParams:
     return s
 
 
+# One value just past a bound (generate.proto's ranges, the server's limits); the rest valid.
+NEAR_MISSES: dict[str, list] = {
+    "top_p": [0.0, -0.0, 1.0000001], "temperature": [-1e-7], "min_p": [-1e-7, 1.0000001],
+    "top_k": [-2], "presence_penalty": [2.0000002, -2.0000002],
+    "frequency_penalty": [2.0000002], "repetition_penalty": [0.0, -0.0], "max_tokens": [0, -1],
+    "logprobs": [-1, 21], "prompt_logprobs": [-1, 21], "n": [0, 17],
+    "truncate_prompt_tokens": [0, -1], "min_tokens": [-1],
+}
+LIST_CAPS = {"stop": (64, "s"), "bad_words": (64, "w"), "stop_token_ids": (2048, 7),
+             "allowed_token_ids": (2048, 7)}
+
+
+@st.composite
+def near_valid_sampling(draw) -> pb.SamplingParams:
+    s = draw(valid_sampling())
+    kind = draw(st.sampled_from(sorted(NEAR_MISSES) + sorted(LIST_CAPS) + ["stop_chars",
+                                                                          "logit_bias"]))
+    if kind in NEAR_MISSES:
+        setattr(s, kind, draw(st.sampled_from(NEAR_MISSES[kind])))
+    elif kind in LIST_CAPS:
+        cap, entry = LIST_CAPS[kind]
+        getattr(s, kind).extend([entry] * (cap + 1 - len(getattr(s, kind))))
+    elif kind == "stop_chars":
+        s.stop.append("x" * 4097)
+    else:
+        s.logit_bias[draw(st.sampled_from([-1, VOCAB]))] = 1.0
+    return s
+
+
 @st.composite
 def hostile_sampling(draw) -> pb.SamplingParams:
     """Each field that is set takes a value from anywhere in its type's range."""
@@ -159,9 +188,12 @@ def prompts(draw, hostile: bool) -> dict:
 
 
 @st.composite
-def generate_requests(draw, id_pool: tuple[str, ...]) -> pb.GenerateRequest:
-    """request_id from a small pool (requests sent together may share one), or junk."""
-    hostile = draw(st.booleans())
+def generate_requests(draw, id_pool: tuple[str, ...]) -> tuple[str, pb.GenerateRequest]:
+    """(kind, request): "valid", "near-valid" (one value just past its bound, which the
+    server must refuse) or "hostile". request_id from a small pool (requests sent together
+    may share one), or junk."""
+    kind = draw(st.sampled_from(["valid", "near-valid", "hostile"]))
+    hostile = kind == "hostile"
     request = pb.GenerateRequest(**draw(prompts(hostile)))
     request.request_id = draw(st.one_of(st.sampled_from(id_pool), JUNK) if hostile
                               else st.sampled_from(id_pool))
@@ -171,8 +203,9 @@ def generate_requests(draw, id_pool: tuple[str, ...]) -> pb.GenerateRequest:
         request.priority = draw(st.sampled_from([0, 0, 1, -(2**31)]))
         request.cache_salt = draw(JUNK)
     else:
-        request.sampling.CopyFrom(draw(valid_sampling()))
-    return request
+        request.sampling.CopyFrom(draw(valid_sampling() if kind == "valid"
+                                       else near_valid_sampling()))
+    return kind, request
 
 
 def invalid_utf8(request: pb.GenerateRequest) -> bytes:
