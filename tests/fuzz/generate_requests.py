@@ -170,12 +170,12 @@ def prompts(draw, hostile: bool) -> dict:
     kind = draw(st.sampled_from(["text", "token_ids", "messages", "none", "several"]
                                 if hostile else ["text", "token_ids", "messages"]))
     token = st.one_of(st.integers(0, VOCAB - 1), INT32) if hostile else st.integers(0, VOCAB - 1)
-    text = JUNK if hostile else st.text(max_size=60)
+    text = JUNK if hostile else st.text(min_size=1, max_size=60)
     if kind == "text":
         return {"text": draw(text)}
     if kind == "token_ids":
         size = draw(st.sampled_from([40, MAX_MODEL_LEN + 5])) if hostile else 40
-        return {"token_ids": draw(st.lists(token, max_size=size))}
+        return {"token_ids": draw(st.lists(token, min_size=int(not hostile), max_size=size))}
     roles = st.sampled_from(["user", "system", "assistant"])
     role = st.one_of(roles, JUNK) if hostile else roles
     messages = draw(st.lists(st.builds(pb.ChatMessage, role=role, content=text), min_size=1,
