@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 
 
@@ -77,6 +78,34 @@ def build_logit_shaping(
         allowed_rows=i64(allowed_rows),
         allowed=allowed,
         bad_words=bad_words,
+    )
+
+
+def shaping_for_rows(shaping: LogitShaping, rows: np.ndarray) -> LogitShaping:
+    """The shaping of a step whose logits row i belongs to batch row rows[i] (a step with drafts
+    has 1 + d logits rows per request): each batch row's shaping on each of its logits rows."""
+    by_row: dict[int, list[int]] = {}
+    for i, row in enumerate(rows.tolist()):
+        by_row.setdefault(row, []).append(i)
+
+    def spread(batch_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index into the entries, logits row) for every copy of every entry."""
+        pairs = [(k, i) for k, row in enumerate(batch_rows.tolist()) for i in by_row.get(row, ())]
+        index = torch.tensor([k for k, _ in pairs], dtype=torch.int64, device=batch_rows.device)
+        spread_rows = torch.tensor([i for _, i in pairs], dtype=torch.int64,
+                                   device=batch_rows.device)
+        return index, spread_rows
+
+    bias_index, bias_rows = spread(shaping.bias_rows)
+    allowed_index, allowed_rows = spread(shaping.allowed_rows)
+    return LogitShaping(
+        bias_rows=bias_rows,
+        bias_tokens=shaping.bias_tokens[bias_index],
+        bias_values=shaping.bias_values[bias_index],
+        allowed_rows=allowed_rows,
+        allowed=shaping.allowed[allowed_index],
+        bad_words={i: words for row, words in shaping.bad_words.items()
+                   for i in by_row.get(row, ())},
     )
 
 

@@ -35,6 +35,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from worker_svc.logits_processors import shaping_for_rows
 from worker_svc.sampler import LogprobsTensors, Sampler
 from worker_svc.sampling_metadata import SamplingMetadata
 from worker_svc.spec_decode_metadata import SpecDecodeMetadata
@@ -159,4 +160,6 @@ def per_position_metadata(
         prompt_token_ids=pick(metadata.prompt_token_ids),
         output_token_ids=expanded,
         min_tokens=min_tokens,
+        # Bias, allowed set and banned words were laid out by batch row, the logits are not.
+        shaping=None if metadata.shaping is None else shaping_for_rows(metadata.shaping, rows),
     )

@@ -255,6 +255,11 @@ def validate_grammar_output(
     unknown = [r for r in g.req_ids if r not in batch_req_ids]
     if unknown:
         raise InvalidStepError(f"grammar bitmask names requests not in this step: {unknown[:4]}")
+    if len(set(g.req_ids)) != len(g.req_ids):
+        # Both rows would mask the same logits: two rows that each allow some token can
+        # together allow none, which silently sampled token 0.
+        twice = next(r for i, r in enumerate(g.req_ids) if r in g.req_ids[:i])
+        raise InvalidStepError(f"grammar bitmask names request {twice!r} twice (one row each)")
     rows = np.frombuffer(g.bitmask, dtype="<i4").reshape(len(g.req_ids), words)  # [reqs, words]
     full, rest = divmod(vocab_size, 32)
     allows = rows[:, :full].any(axis=1)  # [reqs]; a word's bits are 32 tokens

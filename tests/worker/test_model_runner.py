@@ -263,6 +263,12 @@ def test_bad_grammar_output_keeps_logits_parked(llama_worker):
         runner.sample_tokens(
             pb.GrammarOutput(req_ids=["a"], bitmask=b"\x00" * 4 * (-(-runner.vocab_size // 32)))
         )
+    # Two rows for one request, each allowing one token, together allowing none: refused
+    # (found by tests/fuzz; it sampled token 0).
+    words = -(-runner.vocab_size // 32)
+    twice = b"\x01" + b"\x00" * (4 * words - 1) + b"\x02" + b"\x00" * (4 * words - 1)
+    with pytest.raises(InvalidStepError, match="twice"):
+        runner.sample_tokens(pb.GrammarOutput(req_ids=["a", "a"], bitmask=twice))
     assert len(runner.sample_tokens(None).sampled_token_ids[0].ids) == 1
 
 

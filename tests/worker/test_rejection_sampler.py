@@ -200,3 +200,17 @@ def test_discarded_row_keeps_nothing_and_its_generator_is_untouched():
     assert out.token_ids[0] == [] and out.num_accepted[0] == 0
     assert torch.equal(metadata.generators[0].get_state(), before)
     assert 1 <= len(out.token_ids[1]) <= 2
+
+
+def test_logit_shaping_lands_on_each_requests_own_logits_rows():
+    """Found by tests/fuzz: the shaping was laid out by batch row and applied to logits rows, so
+    with drafts in the batch another request's positions got it and its own row went free."""
+    flat = torch.zeros(3, VOCAB)  # request 0: its last token and 2 drafts
+    peaked_at_0 = log([0.9, 0.02, 0.02, 0.02, 0.02, 0.02]).unsqueeze(0)
+    greedy = dict(temperature=0.0)
+    sampling = [params(**greedy), params(**greedy, allowed_token_ids=[3], logit_bias={4: 50.0})]
+    out, _ = verify([[1, 2], []], [flat, peaked_at_0], sampling)
+    assert out.token_ids[1] == [3]  # the allowed set holds; the bias cannot lift token 4 back
+    banned = [params(**greedy), params(**greedy, bad_words=[pb.TokenIds(ids=[0])])]
+    out, _ = verify([[1, 2], []], [flat, peaked_at_0], banned)
+    assert out.token_ids[1] == [1]  # token 0 banned: the next most likely (first of the ties)
