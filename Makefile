@@ -47,7 +47,7 @@ run: $(STAMP) ## serve the embedded model on port 50051
 
 # The slowest tests are listed at the end: the suite's time budget (20 min on 2 cores) is spent there.
 test: $(STAMP) ## the whole test suite
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
 # Everything but the tests marked slow (those that load the real default model).
 test-fast: $(STAMP) ## the tests that do not load the default model
