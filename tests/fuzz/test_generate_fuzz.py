@@ -65,7 +65,7 @@ def check(kind: str, request, result, id_shared: bool) -> bool:
 def test_fuzzed_generate_requests_get_documented_answers(server):
     reference = text_request("The capital of France is", greedy(6))
     before, _, _, _ = collect(server.stub.Generate(reference, timeout=60))
-    completed = []
+    completed, kinds = [], []
     pool = ThreadPoolExecutor(4)
 
     @FUZZ
@@ -81,6 +81,7 @@ def test_fuzzed_generate_requests_get_documented_answers(server):
         for (kind, request), result in zip(requests, results, strict=False):
             shared = ids.count(request.request_id) > 1
             completed.append(check(kind, request, result, shared))
+            kinds.append(kind)
         code, details, _ = results[-1]  # the bytes: a request that happened to parse may run
         assert code in DOCUMENTED | {grpc.StatusCode.OK}, (code, details)
 
@@ -88,7 +89,10 @@ def test_fuzzed_generate_requests_get_documented_answers(server):
         send()
     finally:
         pool.shutdown()
-    assert sum(completed) >= 5 and not all(completed), completed  # both kinds were exercised
+    # Both kinds were exercised. How many valid ones run to their end depends on timing (two
+    # sent at once with one id: which is refused, or whether the first has ended, is a race), so
+    # the count of valid requests sent is the fixed one, and at least one must have completed.
+    assert kinds.count("valid") >= 5 and any(completed) and not all(completed), (kinds, completed)
     info = server.wait_idle()
     assert info.kv_blocks_used == 0 and info.workers[0].state == pb.WORKER_STATE_READY
     after, _, last, _ = collect(server.stub.Generate(reference, timeout=60))
