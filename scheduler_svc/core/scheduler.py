@@ -6,9 +6,9 @@ budget and a cap on running requests: running requests first, in order, then wai
 prompt is cut into chunks; when the KV pool runs dry a running request is preempted and later
 recomputed from scratch.
 
-schedule() builds the protobuf SchedulerOutput directly: it is the edge where the decision leaves
-this process, and building it here saves a second pass over the batch (measured in
-benchmarks/scheduler_step.py).
+schedule() builds the protobuf SchedulerOutput directly (scheduler_output.py): it is the edge
+where the decision leaves this process, and building it there saves a second pass over the batch
+(measured in benchmarks/scheduler_step.py).
 """
 
 from __future__ import annotations
@@ -35,22 +35,11 @@ from scheduler_svc.core.sampling_params import (
     validate_length,
     validate_prompt,
 )
+from scheduler_svc.core.scheduler_output import build_scheduler_output, short_id
 from scheduler_svc.core.scheduler_stats import SchedulerStats
 from scheduler_svc.core.spec_decode import SpecDecoder, add_drafts, draft_counts, read_logprobs
 from scheduler_svc.core.stop_checker import append_tokens, check_stop
 from scheduler_svc.core.structured_output import RequestGrammar, build_grammar_output, compiler_for
-
-_BASE36 = "0123456789abcdefghijklmnopqrstuvwxyz"
-
-
-def short_id(n: int) -> str:
-    """Base-36 ids keep a 256-request decode step's SchedulerOutput under 4 KiB."""
-    digits = []
-    while True:
-        n, r = divmod(n, 36)
-        digits.append(_BASE36[r])
-        if n == 0:
-            return "".join(reversed(digits))
 
 
 class Scheduler:
@@ -289,8 +278,10 @@ class Scheduler:
             num_scheduled[request.wire_id] = n
             budget -= n
 
-        so = self._build_output(new_reqs, scheduled_running, resumed_reqs, num_scheduled,
-                                new_block_ids)
+        so = build_scheduler_output(
+            self.stats.num_steps, self.finished_req_ids, self.kv, self.eos_token_ids,
+            self.send_new_tokens, new_reqs, scheduled_running, resumed_reqs, num_scheduled,
+            new_block_ids)
         add_drafts(so, drafts)
         # The KV of the scheduled tokens is being written now: the next step starts after it.
         for request in (*scheduled_running, *new_reqs, *resumed_reqs):
@@ -453,54 +444,3 @@ class Scheduler:
             request.request_id, new_ids, text, request.is_finished, request.status.finish_reason,
             request.stop_reason, request.num_prompt_tokens, request.num_output_tokens, logprobs,
             request.num_cached_tokens)
-
-    def _build_output(
-        self,
-        new_reqs: list[Request],
-        running: list[Request],
-        resumed: list[Request],
-        num_scheduled: dict[str, int],
-        new_block_ids: dict[str, list[int]],
-    ) -> worker_pb2.SchedulerOutput:
-        so = worker_pb2.SchedulerOutput(
-            step_id=self.stats.num_steps,
-            total_num_scheduled_tokens=sum(num_scheduled.values()),
-            finished_req_ids=self.finished_req_ids,
-        )
-        for r in new_reqs:
-            so.scheduled_new_reqs.add(
-                req_id=r.wire_id,
-                prompt_token_ids=r.prompt_token_ids,
-                output_token_ids=r.output_token_ids,  # empty unless it moved from a replica
-                sampling=r.sampling_params.to_proto(self.eos_token_ids),
-                block_ids=self.kv.block_ids(r.wire_id),
-                num_computed_tokens=r.num_computed_tokens,
-                num_scheduled_tokens=num_scheduled[r.wire_id],
-                pooling=r.pooling.to_proto() if r.pooling is not None else None,
-            )
-            r.num_sent_tokens = r.num_tokens
-        cached = so.scheduled_cached_reqs
-        ids = [r.wire_id for r in running]
-        resumed_ids = [r.wire_id for r in resumed]
-        cached.req_ids.extend(ids)
-        cached.req_ids.extend(resumed_ids)
-        cached.resumed_req_ids.extend(resumed_ids)
-        # add() then extend() only where there are blocks: ~5x faster than building BlockIds
-        # messages, and a steady decode step adds a block to few requests.
-        add_block_ids = cached.new_block_ids.add
-        for i in ids:
-            entry = add_block_ids()
-            if new_block_ids[i]:
-                entry.ids.extend(new_block_ids[i])
-        for i in resumed_ids:
-            # A resumed request's blocks are all new to the worker: they replace its table.
-            add_block_ids().ids.extend(self.kv.block_ids(i))
-        cached.num_computed_tokens.extend([r.num_computed_tokens for r in running])
-        cached.num_computed_tokens.extend([r.num_computed_tokens for r in resumed])
-        cached.num_scheduled_tokens.extend([num_scheduled[i] for i in ids])
-        cached.num_scheduled_tokens.extend([num_scheduled[i] for i in resumed_ids])
-        if self.send_new_tokens:
-            for r in (*running, *resumed):  # parallel to cached.req_ids
-                so.cached_new_token_ids.add().ids.extend(r.all_token_ids[r.num_sent_tokens:])
-                r.num_sent_tokens = r.num_tokens
-        return so
