@@ -177,18 +177,21 @@ def test_async_scheduling_with_speculative_decoding(tiny_llama, default_tokenize
     assert_same(clients, expected, aborted=ABORTED)
 
 
-def test_a_stop_string_across_two_steps_ends_the_stream_at_its_token(tiny_llama,
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
+def test_a_stop_string_across_two_steps_ends_the_stream_at_its_token(spec, tiny_llama,
                                                                       default_tokenizer):
-    """Async scheduling on: a stop string whose characters come from two tokens (two steps) ends
-    each request at the second token, its text cut before the string (or after it, with
-    include_stop_str_in_output), offline (text inline after each step) and through the
-    AsyncEngine (text on its event loop, the engine told afterwards): what the engine sampled
-    past the stop never reaches the stream, and every block comes back."""
+    """Async scheduling on (and speculative decoding): a stop string whose characters come from
+    two tokens (two steps) ends each request at the second token, its text cut before the string
+    (or after it, with include_stop_str_in_output), offline (text inline after each step) and
+    through the AsyncEngine (text on its event loop, the engine told afterwards): what the
+    engine sampled past the stop never reaches the stream, and every block comes back."""
     import asyncio
 
     from scheduler_svc.engine.async_engine import AsyncEngine
 
-    config = scheduler_config(tiny_llama, async_scheduling=True)
+    config = scheduler_config(tiny_llama, async_scheduling=True,
+                              **(dict(speculative_method="ngram", prompt_lookup_min=1)
+                                 if spec else {}))
     engine = EngineCore(config, tokenizer=default_tokenizer)
     free = run_clients(engine, [_free(i) for i in range(len(PROMPTS))])
     params, want = [], {}
@@ -229,6 +232,7 @@ def test_a_stop_string_across_two_steps_ends_the_stream_at_its_token(tiny_llama,
         assert not engine.scheduler.requests and not engine.requests
         kv = engine.scheduler.kv
         assert kv.num_free_blocks == kv.pool.num_blocks - 1
+        assert not spec or engine.scheduler.stats.num_draft_tokens > 0
     finally:
         async_engine.shutdown()
     for r, (ids, text, reason, stop) in want.items():
