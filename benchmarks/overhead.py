@@ -31,6 +31,7 @@ from scheduler_svc.core.sampling_params import SamplingParams
 
 VOCAB = 512
 ENGINE_TRANSPORTS = ("uni", "zmq", "grpc")
+SPEC: dict[str, Any] = dict(speculative_method="ngram", num_speculative_tokens=4)  # `spec`
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--cases", default="uni,zmq,grpc,serve uni,serve zmq",
                    help="engine transports (`zmq async`: with async scheduling, whatever "
-                   "--async-scheduling says) and `serve <transport>` processes, comma list "
+                   "--async-scheduling says; `zmq spec`, `zmq async spec`: with n-gram "
+                   "speculative decoding, K=4) and `serve <transport>` processes, comma list "
                    "(default: %(default)s)")
     # float32: on a CPU without AMX, bfloat16 makes even this model's matmuls the bottleneck.
     p.set_defaults(dtype="float32")
@@ -95,9 +97,10 @@ def run(args: argparse.Namespace) -> None:
                  f"{args.steps} steps", ["case, requests", "ms/step", "us/request/step",
                                          *([] if report.quick else ["x bare forward"])], rows,
                  note="engine thread: the offline step less its output processor (text, stop "
-                 "strings), i.e. what a server's engine thread does; serve: the median "
-                 "time per output token its clients saw; the machine may be shared and loaded "
-                 "(see the load average)")
+                 "strings), i.e. what a server's engine thread does; spec cases: the time of "
+                 "n output tokens (a step may keep several of a request, or none); serve: the "
+                 "median time per output token its clients saw; the machine may be shared and "
+                 "loaded (see the load average)")
     for key, ms in parts.items():
         total = sum(ms.values())
         report.table(f"where the time goes, {key} (one profiled run, ms per step)",
@@ -134,15 +137,25 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
     max_tokens = warmup + args.steps + 4
     default = {} if args.async_scheduling is None else {"async_scheduling": args.async_scheduling}
     engines = {t: LLM(model, dtype=args.dtype, executor_backend=t.split()[0],
-                      **({"async_scheduling": True} if t.endswith(" async") else default),
+                      **({"async_scheduling": True} if "async" in t.split() else default),
+                      **(SPEC if "spec" in t.split() else {}),
                       **engine_settings(n, args.prompt_len, max_tokens)) for t in transports}
     runs: dict[str, list[float]] = {t: [] for t in transports}
     try:
         for _ in range(args.repeats):
             for t, llm in engines.items():
                 thread: list[float] = []
-                runs[t].append(statistics.median(
-                    decode_steps(llm.engine, n, args, warmup, thread_times=thread)))
+                tokens: list[int] = []
+                times = decode_steps(llm.engine, n, args, warmup, thread_times=thread,
+                                     tokens=tokens)
+                if "spec" in t.split():
+                    # A step may keep several tokens of a request, or (async: two halves of
+                    # the requests take turns) none: the time of n output tokens instead.
+                    scale = n / sum(tokens)
+                    runs[t].append(sum(times) * scale)
+                    thread_ms.setdefault(f"{t}, {n}", []).append(sum(thread) * scale)
+                    continue
+                runs[t].append(statistics.median(times))
                 thread_ms.setdefault(f"{t}, {n}", []).append(statistics.median(thread))
         for t, llm in engines.items():
             def profiled(splits: Splits, engine: Any = llm.engine) -> list[float]:
@@ -156,11 +169,12 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
 
 
 def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
-                 splits: Splits | None = None, thread_times: list[float] | None = None
-                 ) -> list[float]:
+                 splits: Splits | None = None, thread_times: list[float] | None = None,
+                 tokens: list[int] | None = None) -> list[float]:
     """Adds n requests, runs their prefill and `warmup` steps, then times args.steps decode
     steps one by one (ms each), with the splits' timers on; aborts what is left. thread_times
-    gets each step's token-level part (step_tokens, before the output processor)."""
+    gets each step's token-level part (step_tokens, before the output processor), tokens the
+    output tokens of each step."""
     params = SamplingParams(temperature=0, max_tokens=warmup + args.steps + 4, ignore_eos=True)
     ids = [f"overhead-{time.monotonic_ns()}-{i}" for i in range(n)]
     for request_id, prompt in zip(ids, prompts(n, args.prompt_len), strict=True):
@@ -179,6 +193,8 @@ def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
         t1 = time.perf_counter()
         engine.process_outputs(outputs)
         times.append(1e3 * (time.perf_counter() - t0))
+        if tokens is not None:
+            tokens.append(sum(len(o.new_token_ids) for o in outputs))
         if thread_times is not None:
             thread_times.append(1e3 * (t1 - t0))
     if splits is not None:

@@ -109,7 +109,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     _flag(g, "--no-prefix-caching", "do not reuse the KV cache of shared prompt prefixes")
     _flag(g, "--no-chunked-prefill", "run every prompt in one step")
     _flag(g, "--async-scheduling", "schedule each step while the worker computes the one "
-          "before (remote transports; not with speculative decoding)")
+          "before (remote transports)")
     _add_speculative_options(p)
 
 
