@@ -85,9 +85,10 @@ class SchedulerConfig:
     # each request sampling in N assumed to gain one token; a token computed for a request that
     # N stopped is dropped. With speculative decoding a step keeps 1 to d + 1 tokens, so a
     # request is scheduled only once its step is back, and two halves of the running requests
-    # take turns (Scheduler._cohort). Off by default until proven on more workloads
-    # (docs/architecture.md).
-    async_scheduling: bool = False
+    # take turns (Scheduler._cohort). None = on where it was measured to pay (docs/performance.md):
+    # a worker group in processes of its own, generating without speculative decoding; an
+    # in-process worker runs on the engine's own thread, so there is nothing to overlap with.
+    async_scheduling: bool | None = None
 
     # Speculative decoding (core/spec_decode.py): None = off; "ngram" = prompt-lookup drafts.
     speculative_method: str | None = None
