@@ -32,6 +32,7 @@ from scheduler_svc.core.sampling_params import SamplingParams
 
 VOCAB = 512
 ENGINE_TRANSPORTS = ("uni", "zmq", "grpc")
+SPEC: dict[str, Any] = dict(speculative_method="ngram", num_speculative_tokens=4)  # `spec`
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,7 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--cases", default="uni,zmq,grpc,serve uni,serve zmq",
                    help="engine transports (`zmq async`: with async scheduling, whatever "
-                   "--async-scheduling says) and `serve <transport>` processes, comma list "
+                   "--async-scheduling says; `zmq spec`, `zmq async spec`: with n-gram "
+                   "speculative decoding, K=4) and `serve <transport>` processes, comma list "
                    "(default: %(default)s)")
     # float32: on a CPU without AMX, bfloat16 makes even this model's matmuls the bottleneck.
     p.set_defaults(dtype="float32")
@@ -64,12 +66,13 @@ def run(args: argparse.Namespace) -> None:
     # "<case>, <n>" of a remote worker -> "step", "wait", "engine", "worker": mean ms per step,
     # one figure per repeat (RemoteStepTimes)
     sides: dict[str, dict[str, list[float]]] = {}
+    async_cases: set[str] = set()  # "<case>, <n>" whose engine ran with async scheduling
     for n in sizes:
         floor_ms[n] = spread(bare_forward_ms(model, n, args.prompt_len, args.steps,
                                              args.repeats, args.dtype))
         runs = measure_engines(model, n, args,
                                [c for c in cases if c.split()[0] in ENGINE_TRANSPORTS], parts,
-                               thread_lists, sides)
+                               thread_lists, sides, async_cases)
         for case in cases:
             if case.startswith("serve "):
                 runs[case] = measure_serve(model, n, args, case.split()[1])
@@ -110,10 +113,11 @@ def run(args: argparse.Namespace) -> None:
                  "engine's own: the step less its waits on the worker's replies (send and "
                  "wait, the wire included), worker's own: the worker's time inside its "
                  "ExecuteModel and SampleTokens handlers (its Prometheus histograms), both "
-                 "mean ms per step; serve: the median "
-                 "time per output token its clients saw; the machine may be shared and loaded "
-                 "(see the load average)")
-    report_overlap(report, sides, args.repeats, ratios)
+                 "mean ms per step (per step in spec cases too); spec cases: the time of "
+                 "n output tokens (a step may keep several of a request, or none); serve: the "
+                 "median time per output token its clients saw; the machine may be shared and "
+                 "loaded (see the load average)")
+    report_overlap(report, sides, async_cases, args.repeats, ratios)
     for key, ms in parts.items():
         total = sum(ms.values())
         report.table(f"where the time goes, {key} (one profiled run, ms per step)",
@@ -140,10 +144,12 @@ def engine_settings(n: int, prompt_len: int, max_tokens: int) -> dict[str, Any]:
 
 def measure_engines(model: str, n: int, args: argparse.Namespace, transports: list[str],
                     parts: dict[str, dict[str, float]], thread_ms: dict[str, list[float]],
-                    sides: dict[str, dict[str, list[float]]]) -> dict[str, list[float]]:
+                    sides: dict[str, dict[str, list[float]]], async_cases: set[str]
+                    ) -> dict[str, list[float]]:
     """ms per decode step of each transport, one figure per repeat (the transports take turns);
     fills thread_ms["<transport>, <n>"] with the token-level part of the same steps,
-    sides["<transport>, <n>"] with a remote worker's two sides of them, and
+    sides["<transport>, <n>"] with a remote worker's two sides of them (and async_cases with
+    those whose engine scheduled asynchronously, by its flag or its default), and
     parts["<transport>, <n>"] from one extra, profiled run on each."""
     from scheduler_svc.engine.llm import LLM
 
@@ -151,7 +157,8 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
     max_tokens = warmup + args.steps + 4
     default = {} if args.async_scheduling is None else {"async_scheduling": args.async_scheduling}
     engines = {t: LLM(model, dtype=args.dtype, executor_backend=t.split()[0],
-                      **({"async_scheduling": True} if t.endswith(" async") else default),
+                      **({"async_scheduling": True} if "async" in t.split() else default),
+                      **(SPEC if "spec" in t.split() else {}),
                       **engine_settings(n, args.prompt_len, max_tokens)) for t in transports}
     runs: dict[str, list[float]] = {t: [] for t in transports}
     remote = {t: RemoteStepTimes(llm.engine) for t, llm in engines.items() if t.split()[0] != "uni"}
@@ -159,17 +166,27 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
         for _ in range(args.repeats):
             for t, llm in engines.items():
                 thread: list[float] = []
+                tokens: list[int] = []
                 times = decode_steps(llm.engine, n, args, warmup, thread_times=thread,
-                                     remote=remote.get(t))
-                runs[t].append(statistics.median(times))
-                thread_ms.setdefault(f"{t}, {n}", []).append(statistics.median(thread))
-                if t in remote:
+                                     tokens=tokens, remote=remote.get(t))
+                if t in remote:  # per step, whatever a step keeps
                     wait, worker = remote[t].measured
                     side = sides.setdefault(f"{t}, {n}", {})
                     mean = statistics.fmean(times)
                     for name, value in (("step", mean), ("wait", wait),
                                         ("engine", mean - wait), ("worker", worker)):
                         side.setdefault(name, []).append(value)
+                    if llm.engine.async_scheduling:
+                        async_cases.add(f"{t}, {n}")
+                if "spec" in t.split():
+                    # A step may keep several tokens of a request, or (async: two halves of
+                    # the requests take turns) none: the time of n output tokens instead.
+                    scale = n / sum(tokens)
+                    runs[t].append(sum(times) * scale)
+                    thread_ms.setdefault(f"{t}, {n}", []).append(sum(thread) * scale)
+                    continue
+                runs[t].append(statistics.median(times))
+                thread_ms.setdefault(f"{t}, {n}", []).append(statistics.median(thread))
         for t, llm in engines.items():
             timer = remote.get(t)
 
@@ -188,11 +205,13 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
 
 def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
                  splits: Splits | None = None, thread_times: list[float] | None = None,
-                 remote: RemoteStepTimes | None = None) -> list[float]:
+                 tokens: list[int] | None = None, remote: RemoteStepTimes | None = None
+                 ) -> list[float]:
     """Adds n requests, runs their prefill and `warmup` steps, then times args.steps decode
     steps one by one (ms each), with the splits' timers on; aborts what is left. thread_times
-    gets each step's token-level part (step_tokens, before the output processor); remote, the
-    worker's and the wait's time over the timed steps (remote.measured)."""
+    gets each step's token-level part (step_tokens, before the output processor), tokens the
+    output tokens of each step; remote, the worker's and the wait's time over the timed steps
+    (remote.measured)."""
     params = SamplingParams(temperature=0, max_tokens=warmup + args.steps + 4, ignore_eos=True)
     ids = [f"overhead-{time.monotonic_ns()}-{i}" for i in range(n)]
     for request_id, prompt in zip(ids, prompts(n, args.prompt_len), strict=True):
@@ -213,6 +232,8 @@ def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
         t1 = time.perf_counter()
         engine.process_outputs(outputs)
         times.append(1e3 * (time.perf_counter() - t0))
+        if tokens is not None:
+            tokens.append(sum(len(o.new_token_ids) for o in outputs))
         if thread_times is not None:
             thread_times.append(1e3 * (t1 - t0))
     if splits is not None:

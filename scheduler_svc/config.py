@@ -83,8 +83,12 @@ class SchedulerConfig:
 
     # Async scheduling: step N+1 is scheduled and sent while the worker computes step N,
     # each request sampling in N assumed to gain one token; a token computed for a request that
-    # N stopped is dropped. Off by default until proven on more workloads (docs/architecture.md).
-    async_scheduling: bool = False
+    # N stopped is dropped. With speculative decoding a step keeps 1 to d + 1 tokens, so a
+    # request is scheduled only once its step is back, and two halves of the running requests
+    # take turns (Scheduler._cohort). None = on where it was measured to pay (docs/performance.md):
+    # a worker group in processes of its own, generating without speculative decoding; an
+    # in-process worker runs on the engine's own thread, so there is nothing to overlap with.
+    async_scheduling: bool | None = None
 
     # Speculative decoding (core/spec_decode.py): None = off; "ngram" = prompt-lookup drafts.
     speculative_method: str | None = None
@@ -129,11 +133,6 @@ class SchedulerConfig:
         if self.speculative_method not in SPECULATIVE_METHODS:
             raise ValueError(f"speculative_method must be one of {SPECULATIVE_METHODS}, "
                              f"got {self.speculative_method!r}")
-        if self.async_scheduling and self.speculative_method is not None:
-            # A step with drafts keeps 1 to d + 1 tokens: the next step cannot be planned before
-            # its output says how many.
-            raise ValueError("async_scheduling does not combine with speculative_method "
-                             f"{self.speculative_method!r}: turn one of them off")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be at least 1, "
                              f"got {self.num_speculative_tokens}")

@@ -5,9 +5,16 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# One torch thread in every test process and every server or worker it starts (they inherit the
+# environment): on 2 cores, two processes each splitting its work over an OpenMP team of two
+# stall each other, which once made the suite's server tests ten times slower.
+os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 from batchwire.common.model_files import default_model_path
+
+torch.set_num_threads(1)  # in case a plugin imported torch before this file
 
 TINY_LLAMA = dict(
     vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -37,6 +37,7 @@ from scheduler_svc.config import POLICIES, SchedulerConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
 _TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
 def _env_name(flag: str) -> str:
@@ -51,6 +52,12 @@ def _option(group: Any, flag: str, default: Any, help: str, type: Callable = str
     shown = format_size(default) if type is byte_size and default else "%(default)s"
     group.add_argument(flag, type=type, default=default if value is None else value,
                        help=f"{help} [{env}; default: {shown}]", **kwargs)
+
+
+def _env_bool(env: str) -> bool | None:
+    """A tri-state flag's default from its variable: None (the flag's own default) when unset."""
+    value = os.environ.get(env, "").lower()
+    return True if value in _TRUE else False if value in _FALSE else None
 
 
 def _flag(group: Any, flag: str, help: str) -> None:
@@ -108,8 +115,12 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
             "stood (0 = fail at once)", type=float)
     _flag(g, "--no-prefix-caching", "do not reuse the KV cache of shared prompt prefixes")
     _flag(g, "--no-chunked-prefill", "run every prompt in one step")
-    _flag(g, "--async-scheduling", "schedule each step while the worker computes the one "
-          "before (remote transports; not with speculative decoding)")
+    env = _env_name("--async-scheduling")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                   default=_env_bool(env),
+                   help="schedule each step while the worker computes the one before (default: "
+                   "on for workers in processes of their own without speculative decoding, "
+                   f"where it pays; off in process) [{env}=1 or 0]")
     _add_speculative_options(p)
 
 

@@ -202,9 +202,13 @@ class Scheduler:
 
         i = 0
         running = self.running
+        cohort = self._cohort() if self.spec is not None and self.async_scheduling else None
         while i < len(running) and budget > 0:
             request = running[i]
             placeholders = request.num_output_placeholders
+            if cohort is not None and request not in cohort:
+                i += 1  # in flight (its drafts need its tokens), or it joins the next step
+                continue
             if placeholders and len(request.all_token_ids) + placeholders >= request.max_num_tokens:
                 i += 1  # the tokens in flight reach its length limit: it stops there
                 continue
@@ -293,6 +297,24 @@ class Scheduler:
         self.stats.num_steps += 1
         return so
 
+    def _cohort(self) -> set[Request]:
+        """Async scheduling with speculative decoding: the running requests this step may take.
+
+        A step with drafts keeps 1 to d + 1 tokens, so a request's next drafts (and its computed
+        count) are known only once its step has come back: a request with a step in flight is
+        not scheduled, and the one it next gets is planned from known tokens as without async
+        scheduling. The overlap comes from two cohorts taking turns, one computed by the worker
+        while the other's output is applied and its next step scheduled; when more requests are
+        ready than in flight, this step takes only half of the running ones (in the policy's
+        order) and the rest join the other cohort, so that the two stay the same size."""
+        ready = [r for r in self.running if not r.num_output_placeholders]
+        take = (len(self.running) + 1) // 2
+        if len(ready) <= take:
+            return set(ready)
+        if self.config.policy == "priority":
+            ready.sort(key=lambda r: (r.priority, r.arrival_time))
+        return set(ready[:take])
+
     def get_grammar_bitmask(self, so: worker_pb2.SchedulerOutput
                             ) -> worker_pb2.GrammarOutput | None:
         """One bitmask row per constrained request that samples in step `so` (rows still
@@ -360,8 +382,10 @@ class Scheduler:
                 continue
             if drafted is not None and (num_drafts := drafted.get(req_id, 0)):
                 # The worker kept len(new_ids) of the 1 + d positions; the KV of the rest is
-                # stale, recomputed from the first rejected position on.
-                request.num_computed_tokens -= num_drafts + 1 - len(new_ids)
+                # stale, recomputed from the first rejected position on (a request preempted
+                # while the step was in flight, async, recomputes everything anyway).
+                if request.status != RequestStatus.PREEMPTED:
+                    request.num_computed_tokens -= num_drafts + 1 - len(new_ids)
                 self.stats.record_verified(num_drafts, len(new_ids) - 1)
             status = append_tokens(request, new_ids, self.max_model_len)
             logprobs = read_logprobs(model_output, index, drafted is not None, len(new_ids))

@@ -66,7 +66,8 @@ class EngineCore:
         # The output rank's info, its pool shrunk to the stage with the fewest blocks.
         self.info: worker_pb2.WorkerInfo = group_info(self.executor.get_infos(),
                                                       self.executor.output_rank)
-        self.scheduler = scheduler_for(config, self.info, tokenizer)
+        self.scheduler = scheduler_for(config, self.info, tokenizer,
+                                       remote=bool(self.executor.transport))
         self.requests: dict[str, Request] = {}  # the client's request id -> unfinished request
         self.async_scheduling = self.scheduler.async_scheduling
         self.in_flight: StepInFlight | None = None  # async: sampled, its tokens not yet applied
@@ -189,7 +190,7 @@ def group_info(infos: Sequence[worker_pb2.WorkerInfo], output_rank: int) -> work
 
 
 def scheduler_for(config: SchedulerConfig, info: worker_pb2.WorkerInfo,
-                  tokenizer: Any = None) -> Scheduler:
+                  tokenizer: Any = None, remote: bool = False) -> Scheduler:
     """The scheduler of one worker group, sized by what the group reported (GetInfo): its KV
     blocks, vocabulary, limits and task. The tokenizer's EOS counts as well as the model's."""
     eos = set(info.eos_token_ids)
@@ -200,9 +201,14 @@ def scheduler_for(config: SchedulerConfig, info: worker_pb2.WorkerInfo,
     if config.enable_prefix_caching and not prefix_caching_allowed(task, info.pooling_type):
         config = dataclasses.replace(config, enable_prefix_caching=False)
     # Async scheduling needs a worker that holds what it sampled: pipeline stages before the
-    # last learn each token from the scheduler, and a pooling step samples nothing.
-    async_scheduling = (config.async_scheduling and task == "generate"
-                        and info.pipeline_parallel_size <= 1)
+    # last learn each token from the scheduler, and a pooling step samples nothing. Unset, it
+    # is on where it pays: a remote group (`remote`: the worker computes in another process
+    # while this one schedules), without speculative decoding (its two cohorts cost more
+    # steps than the overlap saves on the CPUs measured).
+    wanted = config.async_scheduling
+    if wanted is None:
+        wanted = remote and config.speculative_method is None
+    async_scheduling = wanted and task == "generate" and info.pipeline_parallel_size <= 1
     return Scheduler(config, num_blocks=info.num_blocks, block_size=info.block_size,
                      vocab_size=info.vocab_size, eos_token_ids=eos,
                      max_model_len=info.max_model_len or None,

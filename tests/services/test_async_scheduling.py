@@ -23,7 +23,7 @@ def free_run(model: str, tokenizer) -> dict[str, tuple[list[int], str]]:
     engine = EngineCore(scheduler_config(model), tokenizer=tokenizer)
     try:
         params = [_free(i) for i in range(len(PROMPTS))]
-        return {r: (o.token_ids, o.text) for r, o in _run(engine, params).items()}
+        return {r: (o.token_ids, o.text) for r, o in run_clients(engine, params).items()}
     finally:
         engine.shutdown()
 
@@ -70,16 +70,20 @@ class Client:
             self.finish_reason = out.finish_reason
 
 
-def _run(engine: EngineCore, params: list[SamplingParams], abort: bool = False):
+def run_clients(engine: EngineCore, params: list[SamplingParams], abort: bool = False,
+         prompts: list[list[int]] = PROMPTS, abort_after: int = ABORT_AFTER
+         ) -> dict[str, Client]:
+    """Request ri is prompts[i] with params[i]; with abort, ABORTED is aborted after
+    abort_after engine steps."""
     clients = {f"r{i}": Client() for i in range(len(params))}
-    for i, (prompt, p) in enumerate(zip(PROMPTS, params, strict=True)):
+    for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
         engine.add_request(prompt, p, request_id=f"r{i}")
     steps = 0
     while engine.has_requests():
         for out in engine.step():
             clients[out.request_id].take(out)
         steps += 1
-        if abort and steps == ABORT_AFTER:
+        if abort and steps == abort_after:
             for out in engine.abort_requests([ABORTED]):
                 clients[out.request_id].take(out)
     for c in clients.values():
@@ -93,7 +97,7 @@ def reference(tiny_llama, default_tokenizer):
     params = stopping_params(free)
     engine = EngineCore(scheduler_config(tiny_llama), tokenizer=default_tokenizer)
     try:
-        clients = _run(engine, params)
+        clients = run_clients(engine, params)
     finally:
         engine.shutdown()
     reasons = {r: c.finish_reason for r, c in clients.items()}
@@ -114,19 +118,25 @@ def test_async_scheduling_gives_every_client_the_synchronous_output(
     engine = EngineCore(config, tokenizer=default_tokenizer)
     try:
         assert engine.async_scheduling
-        clients = _run(engine, params, abort=True)
+        clients = run_clients(engine, params, abort=True)
         assert not engine.scheduler.requests and not engine.has_requests()
     finally:
         engine.shutdown()
-    for r, want in expected.items():
-        got = clients[r]
-        if r == ABORTED:
-            assert got.finish_reason == "abort"
-            assert 0 < len(got.token_ids) < len(want.token_ids)
-            assert got.token_ids == want.token_ids[:len(got.token_ids)]
+    assert_same(clients, expected, aborted=ABORTED)
+
+
+def assert_same(got: dict[str, Client], want: dict[str, Client], aborted: str | None = None
+                ) -> None:
+    """Every client got the reference's tokens, text and finish reason; the aborted one a
+    prefix of them, ended by the abort."""
+    for r, w in want.items():
+        g = got[r]
+        if r == aborted:
+            assert g.finish_reason == "abort"
+            assert 0 < len(g.token_ids) < len(w.token_ids)
+            assert g.token_ids == w.token_ids[:len(g.token_ids)]
             continue
-        assert (got.token_ids, got.text, got.finish_reason) == (
-            want.token_ids, want.text, want.finish_reason), r
+        assert (g.token_ids, g.text, g.finish_reason) == (w.token_ids, w.text, w.finish_reason), r
 
 
 def test_async_scheduling_survives_preemption(tiny_llama, default_tokenizer, reference):
@@ -139,7 +149,7 @@ def test_async_scheduling_survives_preemption(tiny_llama, default_tokenizer, ref
         config = scheduler_config(tiny_llama, async_scheduling=async_scheduling, **small)
         engine = EngineCore(config, tokenizer=default_tokenizer)
         try:
-            outputs[async_scheduling] = _run(engine, params)
+            outputs[async_scheduling] = run_clients(engine, params)
             assert engine.scheduler.stats.num_preemptions > 0
             engine.scheduler.kv.check_invariants()
         finally:
@@ -150,25 +160,40 @@ def test_async_scheduling_survives_preemption(tiny_llama, default_tokenizer, ref
                 want.token_ids, want.text, want.finish_reason), r
 
 
-def test_async_scheduling_refuses_speculative_decoding(tiny_llama):
-    with pytest.raises(ValueError, match="async_scheduling does not combine"):
-        scheduler_config(tiny_llama, async_scheduling=True, speculative_method="ngram")
+def test_async_scheduling_with_speculative_decoding(tiny_llama, default_tokenizer, reference):
+    """Speculative decoding on, in process: every client still gets the synchronous engine's
+    output (without speculation), the aborted one a prefix of it (the full check, with drafts
+    accepted, over every transport: test_async_spec_decode.py)."""
+    params, expected = reference
+    config = scheduler_config(tiny_llama, async_scheduling=True, speculative_method="ngram",
+                              prompt_lookup_min=1)
+    engine = EngineCore(config, tokenizer=default_tokenizer)
+    try:
+        assert engine.async_scheduling and engine.scheduler.spec is not None
+        clients = run_clients(engine, params, abort=True)
+        assert engine.scheduler.stats.num_draft_tokens > 0
+    finally:
+        engine.shutdown()
+    assert_same(clients, expected, aborted=ABORTED)
 
 
-def test_a_stop_string_across_two_steps_ends_the_stream_at_its_token(tiny_llama,
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "spec"])
+def test_a_stop_string_across_two_steps_ends_the_stream_at_its_token(spec, tiny_llama,
                                                                       default_tokenizer):
-    """Async scheduling on: a stop string whose characters come from two tokens (two steps) ends
-    each request at the second token, its text cut before the string (or after it, with
-    include_stop_str_in_output), offline (text inline after each step) and through the
-    AsyncEngine (text on its event loop, the engine told afterwards): what the engine sampled
-    past the stop never reaches the stream, and every block comes back."""
+    """Async scheduling on (and speculative decoding): a stop string whose characters come from
+    two tokens (two steps) ends each request at the second token, its text cut before the string
+    (or after it, with include_stop_str_in_output), offline (text inline after each step) and
+    through the AsyncEngine (text on its event loop, the engine told afterwards): what the
+    engine sampled past the stop never reaches the stream, and every block comes back."""
     import asyncio
 
     from scheduler_svc.engine.async_engine import AsyncEngine
 
-    config = scheduler_config(tiny_llama, async_scheduling=True)
+    config = scheduler_config(tiny_llama, async_scheduling=True,
+                              **(dict(speculative_method="ngram", prompt_lookup_min=1)
+                                 if spec else {}))
     engine = EngineCore(config, tokenizer=default_tokenizer)
-    free = _run(engine, [_free(i) for i in range(len(PROMPTS))])
+    free = run_clients(engine, [_free(i) for i in range(len(PROMPTS))])
     params, want = [], {}
     for i in range(len(PROMPTS)):
         r, ids = f"r{i}", free[f"r{i}"].token_ids
@@ -186,7 +211,7 @@ def test_a_stop_string_across_two_steps_ends_the_stream_at_its_token(tiny_llama,
         want[r] = (ids[:n], free[r].text[:start + len(stop) if include else start], "stop", stop)
     assert sum(w[2] == "stop" for w in want.values()) >= 3, want
 
-    offline = _run(engine, params)
+    offline = run_clients(engine, params)
 
     async def through_async_engine():
         async_engine = AsyncEngine(engine)
@@ -207,6 +232,7 @@ def test_a_stop_string_across_two_steps_ends_the_stream_at_its_token(tiny_llama,
         assert not engine.scheduler.requests and not engine.requests
         kv = engine.scheduler.kv
         assert kv.num_free_blocks == kv.pool.num_blocks - 1
+        assert not spec or engine.scheduler.stats.num_draft_tokens > 0
     finally:
         async_engine.shutdown()
     for r, (ids, text, reason, stop) in want.items():

@@ -1,6 +1,7 @@
 """Speculative decoding against real worker processes on the tiny model: the tokens of an
 undisturbed in-process engine without speculation, greedy and seeded with penalties, over
-grpc and zmq, on a tensor-parallel pair, and for requests moved off a killed replica."""
+grpc and zmq, on a tensor-parallel pair, and for requests moved off a killed replica (with
+async scheduling too)."""
 
 from __future__ import annotations
 
@@ -56,13 +57,17 @@ def test_same_tokens_as_without_speculation(backend, tp, start_worker, tiny_llam
         engine.shutdown()
 
 
-def test_moved_requests_keep_their_tokens(start_worker, tiny_llama, reference):
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_moved_requests_keep_their_tokens(async_scheduling, start_worker, tiny_llama, reference):
     workers = start_workers(start_worker, 2)
     engine = ReplicatedEngine(scheduler_config(
-        tiny_llama, "zmq", tuple(w.address("zmq") for w in workers), **SPEC))
+        tiny_llama, "zmq", tuple(w.address("zmq") for w in workers),
+        async_scheduling=async_scheduling, **SPEC))
     try:
         add_workload(engine)
-        streams = run(engine, steps=6)  # every request mid-generation, some drafts verified
+        # Every request mid-generation, some drafts verified (async: each request runs every
+        # other step, and a step's drafts are counted when the next one is sent).
+        streams = run(engine, steps=12 if async_scheduling else 6)
         assert accepted(engine)[1] > 0
         workers[1].signal(signal.SIGKILL, rank=0)
         start = time.monotonic()
