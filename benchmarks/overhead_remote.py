@@ -94,13 +94,13 @@ def _histogram_sums(url: str) -> float:
                for sample in family.samples if sample.name.endswith("_sum"))
 
 
-def report_overlap(report: Report, sides: dict[str, dict[str, list[float]]], repeats: int,
-                   ratios: dict[str, float]) -> None:
+def report_overlap(report: Report, sides: dict[str, dict[str, list[float]]],
+                   async_cases: set[str], repeats: int, ratios: dict[str, float]) -> None:
     """The table of each async case's step against max(engine's own, worker's own), per repeat
     (mean ms per step, RemoteStepTimes), and its ratio into `ratios`."""
     async_rows = []
     for key, side in sides.items():
-        if key.split(", ")[0].endswith(" async"):
+        if key in async_cases:
             overlap = [s / max(e, w) for s, e, w in
                        zip(side["step"], side["engine"], side["worker"], strict=True)]
             ratios[f"{key}: step / max(engine, worker)"] = statistics.median(overlap)
