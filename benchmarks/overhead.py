@@ -22,6 +22,7 @@ from typing import Any
 from batchwire.benchmarks.load_generator import generate_load
 from batchwire.benchmarks.machine import machine_info
 from batchwire.benchmarks.overhead_parts import PARTS, profile_parts
+from batchwire.benchmarks.overhead_remote import RemoteStepTimes, report_overlap
 from batchwire.benchmarks.report import Report, bars, fmt, spread
 from batchwire.benchmarks.serve_process import ServeProcess
 from batchwire.benchmarks.step_profile import Splits
@@ -51,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def quick(args: argparse.Namespace) -> None:
-    args.num_reqs, args.steps, args.cases = "16", 8, "uni"
+    args.num_reqs, args.steps, args.cases = "16", 8, "uni,zmq async"
 
 
 def run(args: argparse.Namespace) -> None:
@@ -62,12 +63,16 @@ def run(args: argparse.Namespace) -> None:
     parts: dict[str, dict[str, float]] = {}  # "<case>, <n>" -> ms per step of each part
     floor_ms: dict[int, dict[str, Any]] = {}
     thread_lists: dict[str, list[float]] = {}  # "<case>, <n>" -> the engine thread's ms per step
+    # "<case>, <n>" of a remote worker -> "step", "wait", "engine", "worker": mean ms per step,
+    # one figure per repeat (RemoteStepTimes)
+    sides: dict[str, dict[str, list[float]]] = {}
+    async_cases: set[str] = set()  # "<case>, <n>" whose engine ran with async scheduling
     for n in sizes:
         floor_ms[n] = spread(bare_forward_ms(model, n, args.prompt_len, args.steps,
                                              args.repeats, args.dtype))
         runs = measure_engines(model, n, args,
                                [c for c in cases if c.split()[0] in ENGINE_TRANSPORTS], parts,
-                               thread_lists)
+                               thread_lists, sides, async_cases)
         for case in cases:
             if case.startswith("serve "):
                 runs[case] = measure_serve(model, n, args, case.split()[1])
@@ -89,6 +94,13 @@ def run(args: argparse.Namespace) -> None:
             ratios[f"{key}: engine thread / bare forward"] = ratio
             rows.append([f"{key}, engine thread", fmt(t, 2), f"{1e3 * t['median'] / n:.1f}",
                          *([] if report.quick else [f"{ratio:.2f}"])])
+        for who in ("engine", "worker"):
+            if key in sides:
+                t = spread(sides[key][who])
+                ratio = t["median"] / floor_ms[n]["median"]
+                ratios[f"{key}: {who}'s own / bare forward"] = ratio
+                rows.append([f"{key}, {who}'s own", fmt(t, 2), f"{1e3 * t['median'] / n:.1f}",
+                             *([] if report.quick else [f"{ratio:.2f}"])])
     for n, s in floor_ms.items():
         rows.append([f"bare transformers forward + argmax, {n}", fmt(s, 2),
                      f"{1e3 * s['median'] / n:.1f}", *([] if report.quick else ["1.00"])])
@@ -97,17 +109,22 @@ def run(args: argparse.Namespace) -> None:
                  f"{args.steps} steps", ["case, requests", "ms/step", "us/request/step",
                                          *([] if report.quick else ["x bare forward"])], rows,
                  note="engine thread: the offline step less its output processor (text, stop "
-                 "strings), i.e. what a server's engine thread does; spec cases: the time of "
+                 "strings), i.e. what a server's engine thread does; with a remote worker, "
+                 "engine's own: the step less its waits on the worker's replies (send and "
+                 "wait, the wire included), worker's own: the worker's time inside its "
+                 "ExecuteModel and SampleTokens handlers (its Prometheus histograms), both "
+                 "mean ms per step (per step in spec cases too); spec cases: the time of "
                  "n output tokens (a step may keep several of a request, or none); serve: the "
                  "median time per output token its clients saw; the machine may be shared and "
                  "loaded (see the load average)")
+    report_overlap(report, sides, async_cases, args.repeats, ratios)
     for key, ms in parts.items():
         total = sum(ms.values())
         report.table(f"where the time goes, {key} (one profiled run, ms per step)",
                      ["part", "ms/step", "share"],
                      [[p, f"{v:.3f}", f"{100 * v / total:.0f}%"] for p, v in ms.items()],
                      note="; ".join(f"{p}: {PARTS[p]}" for p in ms))
-    report.data.update(step_ms=step_ms, engine_thread_ms=thread_ms,
+    report.data.update(step_ms=step_ms, engine_thread_ms=thread_ms, remote_sides_ms=sides,
                        bare_forward_ms={str(n): s for n, s in floor_ms.items()}, parts=parts)
     report.ratios("a step against the bare forward pass of its batch", ratios)
     report.save(args.results, lambda fig: _draw(fig, step_ms, floor_ms))
@@ -126,10 +143,13 @@ def engine_settings(n: int, prompt_len: int, max_tokens: int) -> dict[str, Any]:
 
 
 def measure_engines(model: str, n: int, args: argparse.Namespace, transports: list[str],
-                    parts: dict[str, dict[str, float]], thread_ms: dict[str, list[float]]
+                    parts: dict[str, dict[str, float]], thread_ms: dict[str, list[float]],
+                    sides: dict[str, dict[str, list[float]]], async_cases: set[str]
                     ) -> dict[str, list[float]]:
     """ms per decode step of each transport, one figure per repeat (the transports take turns);
-    fills thread_ms["<transport>, <n>"] with the token-level part of the same steps, and
+    fills thread_ms["<transport>, <n>"] with the token-level part of the same steps,
+    sides["<transport>, <n>"] with a remote worker's two sides of them (and async_cases with
+    those whose engine scheduled asynchronously, by its flag or its default), and
     parts["<transport>, <n>"] from one extra, profiled run on each."""
     from scheduler_svc.engine.llm import LLM
 
@@ -141,13 +161,23 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
                       **(SPEC if "spec" in t.split() else {}),
                       **engine_settings(n, args.prompt_len, max_tokens)) for t in transports}
     runs: dict[str, list[float]] = {t: [] for t in transports}
+    remote = {t: RemoteStepTimes(llm.engine) for t, llm in engines.items() if t.split()[0] != "uni"}
     try:
         for _ in range(args.repeats):
             for t, llm in engines.items():
                 thread: list[float] = []
                 tokens: list[int] = []
                 times = decode_steps(llm.engine, n, args, warmup, thread_times=thread,
-                                     tokens=tokens)
+                                     tokens=tokens, remote=remote.get(t))
+                if t in remote:  # per step, whatever a step keeps
+                    wait, worker = remote[t].measured
+                    side = sides.setdefault(f"{t}, {n}", {})
+                    mean = statistics.fmean(times)
+                    for name, value in (("step", mean), ("wait", wait),
+                                        ("engine", mean - wait), ("worker", worker)):
+                        side.setdefault(name, []).append(value)
+                    if llm.engine.async_scheduling:
+                        async_cases.add(f"{t}, {n}")
                 if "spec" in t.split():
                     # A step may keep several tokens of a request, or (async: two halves of
                     # the requests take turns) none: the time of n output tokens instead.
@@ -158,11 +188,16 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
                 runs[t].append(statistics.median(times))
                 thread_ms.setdefault(f"{t}, {n}", []).append(statistics.median(thread))
         for t, llm in engines.items():
-            def profiled(splits: Splits, engine: Any = llm.engine) -> list[float]:
-                return decode_steps(engine, n, args, warmup, splits)
+            timer = remote.get(t)
 
-            parts[f"{t}, {n}"] = profile_parts(llm.engine, profiled)
+            def profiled(splits: Splits, engine: Any = llm.engine,
+                         r: RemoteStepTimes | None = timer) -> list[float]:
+                return decode_steps(engine, n, args, warmup, splits, remote=r)
+
+            parts[f"{t}, {n}"] = profile_parts(llm.engine, profiled, timer)
     finally:
+        for r in remote.values():
+            r.close()
         for llm in engines.values():
             llm.shutdown()
     return runs
@@ -170,11 +205,13 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
 
 def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
                  splits: Splits | None = None, thread_times: list[float] | None = None,
-                 tokens: list[int] | None = None) -> list[float]:
+                 tokens: list[int] | None = None, remote: RemoteStepTimes | None = None
+                 ) -> list[float]:
     """Adds n requests, runs their prefill and `warmup` steps, then times args.steps decode
     steps one by one (ms each), with the splits' timers on; aborts what is left. thread_times
     gets each step's token-level part (step_tokens, before the output processor), tokens the
-    output tokens of each step."""
+    output tokens of each step; remote, the worker's and the wait's time over the timed steps
+    (remote.measured)."""
     params = SamplingParams(temperature=0, max_tokens=warmup + args.steps + 4, ignore_eos=True)
     ids = [f"overhead-{time.monotonic_ns()}-{i}" for i in range(n)]
     for request_id, prompt in zip(ids, prompts(n, args.prompt_len), strict=True):
@@ -187,6 +224,8 @@ def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
     times = []
     if splits is not None:
         splits.enabled = True
+    if remote is not None:
+        remote.start()
     for _ in range(args.steps):
         t0 = time.perf_counter()
         outputs = engine.step_tokens()
@@ -199,6 +238,8 @@ def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
             thread_times.append(1e3 * (t1 - t0))
     if splits is not None:
         splits.enabled = False
+    if remote is not None:
+        remote.stop(args.steps)
     engine.abort_requests(ids)
     while engine.has_requests():
         engine.step()

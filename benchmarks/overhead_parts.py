@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from batchwire.benchmarks.overhead_remote import RemoteStepTimes
 from batchwire.benchmarks.step_profile import Splits
 
 from scheduler_svc.core.output_processor import OutputProcessor
@@ -24,15 +25,19 @@ PARTS = {
     "forward": "the model and its LM head",
     "sampling": "the sampler",
     "output recording": "the worker's recording of the sampled tokens and its reply",
-    "engine loop, other": "the rest of EngineCore.step: the executor call, Python",
-    "transport and worker": "the rest of the step with a remote worker: the wire, the worker's "
-                            "whole step, the engine loop",
+    "engine loop, other": "the rest of EngineCore.step: the executor call (with a remote "
+                          "worker: encoding the request, decoding the reply), Python",
+    "waiting on the worker": "with a remote worker: the transport's send and the waits for the "
+                             "replies (the wire and whatever of the worker's step the engine "
+                             "did not overlap)",
 }
 
 
-def profile_parts(engine: Any, run: Callable[[Splits], list[float]]) -> dict[str, float]:
+def profile_parts(engine: Any, run: Callable[[Splits], list[float]],
+                  remote: RemoteStepTimes | None = None) -> dict[str, float]:
     """ms per step of each part over the timed steps of run(splits), which turns the timers on
-    (splits.enabled) around its timed steps only and returns their times (ms)."""
+    (splits.enabled) around its timed steps only and returns their times (ms); with a remote
+    worker, `remote` is what run() times the waits on the worker with."""
     import worker_svc.model_runner as model_runner_module
 
     scheduler = engine.scheduler
@@ -59,6 +64,7 @@ def profile_parts(engine: Any, run: Callable[[Splits], list[float]]) -> dict[str
         splits.undo()
     seconds = dict(splits.seconds)
     ms = {p: 1e3 * seconds[p] / len(times) for p in PARTS if p in seconds}
-    rest = "engine loop, other" if worker is not None else "transport and worker"
-    ms[rest] = sum(times) / len(times) - sum(ms.values())
+    if remote is not None:
+        ms["waiting on the worker"] = remote.measured[0]
+    ms["engine loop, other"] = sum(times) / len(times) - sum(ms.values())
     return ms

@@ -18,14 +18,15 @@ from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2 as pb
 
 from worker_svc.model_runner import ModelRunner
+from worker_svc.validation import CheckedStep
 from worker_svc.worker import Worker
 
 
 class RebuildingModelRunner(ModelRunner):
     """The naive alternative: empty the batch and re-add every scheduled request each step."""
 
-    def _update_states(self, so: pb.SchedulerOutput) -> None:
-        super()._update_states(so)
+    def _update_states(self, so: pb.SchedulerOutput, checked: CheckedStep | None = None) -> None:
+        super()._update_states(so, checked)
         batch = self.input_batch
         states = [s for s in batch.states[: batch.num_reqs] if s is not None]
         for state in states:

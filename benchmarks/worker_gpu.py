@@ -6,13 +6,20 @@
    through the real ModelRunner on CUDA in float32 with the Triton kernels, driven by hand-built
    SchedulerOutputs (chunked prefill, requests joining mid-run); their greedy tokens must equal
    transformers' on the CPU, up to the near-tie rule of tests/parity.py.
-2. A SmolLM2-135M-shaped random model (30 layers, 9 query / 3 KV heads, bfloat16): median time of
+2. The staging of a step's inputs (worker_svc/staging.py): the runner's host input buffers are
+   pinned, every host-to-device copy of a step is non_blocking, and the greedy tokens of a run of
+   a few hundred steps, the next step's inputs written while the last step's copies may still be
+   in flight (fenced by the input event), equal those of a run that synchronizes after every copy.
+   `--staging-only --device cpu` runs this part on a machine without a GPU: there nothing is
+   pinned and nothing copied, which it checks too (it is how the script's own code is tried).
+3. A SmolLM2-135M-shaped random model (30 layers, 9 query / 3 KV heads, bfloat16): median time of
    a decode step of 64 requests with 512 tokens of context, Triton kernels against the torch path
    on the same GPU, and the greedy tokens of both backends compared.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import tempfile
@@ -114,6 +121,109 @@ def parity(tmp: str) -> bool:
     return ok
 
 
+def staging_buffers(worker: Worker) -> dict[str, torch.Tensor]:
+    """The host buffers a step's inputs are laid out in and copied to the device from."""
+    runner = worker.runner
+    table = runner.input_batch.block_table
+    return {
+        "input_ids": runner.input_ids,
+        "positions": runner.positions,
+        "query_start_loc": torch.from_numpy(runner.query_start_loc_np),
+        "seq_lens": torch.from_numpy(runner.seq_lens_np),
+        "block_table": table.table,
+        "slot_mapping": table.slot_mapping,
+    }
+
+
+class CopyLog:
+    """Every host-to-device Tensor.to of one step: (source pinned, non_blocking, shape)."""
+
+    def __init__(self) -> None:
+        self.copies: list[tuple[bool, bool, tuple[int, ...]]] = []
+        self._to = torch.Tensor.to
+
+    def __enter__(self) -> CopyLog:
+        original, copies = self._to, self.copies
+
+        def logged(tensor: torch.Tensor, *args, **kwargs):
+            out = original(tensor, *args, **kwargs)
+            if tensor.device.type == "cpu" and out.device.type != "cpu":
+                copies.append((tensor.is_pinned(), bool(kwargs.get("non_blocking")),
+                               tuple(tensor.shape)))
+            return out
+
+        torch.Tensor.to = logged  # type: ignore[method-assign, assignment]
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        torch.Tensor.to = self._to  # type: ignore[method-assign]
+
+
+def synchronized_copies(worker: Worker) -> None:
+    """The reference: each input copied and waited for at once, so no copy is in flight when
+    the host writes the next step's inputs (the fence then has nothing to guard)."""
+    runner = worker.runner
+    device = runner.device
+
+    def on_device(host: torch.Tensor) -> torch.Tensor:
+        if device.type == "cpu":
+            return host
+        out = host.to(device)
+        torch.cuda.synchronize(device)
+        return out
+
+    runner._on_device = on_device  # type: ignore[method-assign]
+
+
+def staging(tmp: str, device: str, backend: str) -> bool:
+    path = save_checkpoint(f"{tmp}/staging", "llama", **TINY)
+    on_gpu = device != "cpu"
+    small = dict(device=device, kv_cache_memory_bytes=64 << 20)
+    worker = make_worker(path, "float32", backend, **small)
+    buffers = staging_buffers(worker)
+    pinned = {name: t.is_pinned() for name, t in buffers.items()}
+    ok = all(pinned.values()) if on_gpu else not any(pinned.values())
+    print(f"staging on {device}: host buffers pinned: {pinned} "
+          f"({'all expected' if on_gpu else 'none expected'}) -> {'ok' if ok else 'FAIL'}")
+
+    gen = torch.Generator().manual_seed(3)
+    prompts = {f"s{i}": torch.randint(3, 512, (n,), generator=gen).tolist()
+               for i, n in enumerate([3, 40, 17, 120, 9, 64, 33, 250])}
+    driver = StepDriver(worker.runner, worker.num_blocks, 16, chunk=48)
+    for r, prompt in prompts.items():
+        driver.add(r, prompt, 300)
+    steps = 0
+    for _ in range(6):  # prefill chunks and the first decode steps
+        driver.step()
+        steps += 1
+    with CopyLog() as log:
+        driver.step()
+        steps += 1
+    blocking = [c for c in log.copies if not c[1]]
+    pageable = [c for c in log.copies if not c[0]]
+    copies_ok = not blocking if on_gpu else not log.copies
+    print(f"  one step's host-to-device copies: {len(log.copies)}, of which blocking "
+          f"{len(blocking)}, from pageable memory {len(pageable)} (shapes "
+          f"{[c[2] for c in pageable]}) -> {'ok' if copies_ok else 'FAIL'}")
+    while driver.active:
+        driver.step()
+        steps += 1
+    fenced = dict(driver.results)
+
+    reference = make_worker(path, "float32", backend, **small)
+    synchronized_copies(reference)
+    ref_driver = StepDriver(reference.runner, reference.num_blocks, 16, chunk=48)
+    for r, prompt in prompts.items():
+        ref_driver.add(r, prompt, 300)
+    synced = ref_driver.run()
+    same = sum(fenced.get(r) == synced.get(r) for r in prompts)
+    tokens_ok = same == len(prompts) and all(len(synced[r]) == 300 for r in prompts)
+    print(f"  {steps} steps, fenced copies vs synchronized after every copy: "
+          f"{same}/{len(prompts)} requests' 300 greedy tokens identical -> "
+          f"{'ok' if tokens_ok else 'FAIL'}")
+    return ok and copies_ok and tokens_ok
+
+
 def decode_step_ms(worker: Worker, num_reqs: int, context: int, steps: int) -> tuple[float, dict]:
     gen = torch.Generator().manual_seed(2)
     driver = StepDriver(worker.runner, worker.num_blocks, 16, chunk=4096)
@@ -158,11 +268,22 @@ def decode_speed(tmp: str) -> None:
 
 
 def main() -> None:
-    if not torch.cuda.is_available():
-        sys.exit("no CUDA device")
-    print(torch.cuda.get_device_name(), "torch", torch.__version__)
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default=DEVICE, help="cuda (default), or cpu with --staging-only")
+    p.add_argument("--staging-only", action="store_true", help="part 2 alone")
+    args = p.parse_args()
+    on_gpu = args.device != "cpu"
+    if on_gpu and not torch.cuda.is_available():
+        sys.exit("no CUDA device (the staging check alone runs on a CPU: "
+                 "--staging-only --device cpu)")
+    if not on_gpu and not args.staging_only:
+        sys.exit("--device cpu runs only the staging check: add --staging-only")
+    print(torch.cuda.get_device_name() if on_gpu else "cpu", "torch", torch.__version__)
     with tempfile.TemporaryDirectory() as tmp:
+        if args.staging_only:
+            sys.exit(0 if staging(tmp, args.device, "triton" if on_gpu else "torch") else 1)
         ok = parity(tmp)
+        ok = staging(tmp, args.device, "triton") and ok
         decode_speed(tmp)
     sys.exit(0 if ok else 1)
 

@@ -5,20 +5,26 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from worker_svc.staging import host_buffer
+
 
 class BlockTable:
     def __init__(
-        self, max_num_reqs: int, max_num_blocks_per_req: int, block_size: int, max_num_tokens: int
+        self,
+        max_num_reqs: int,
+        max_num_blocks_per_req: int,
+        block_size: int,
+        max_num_tokens: int,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.block_size = block_size
         self.max_num_blocks_per_req = max_num_blocks_per_req
-        self.table_np = np.zeros(
-            (max_num_reqs, max_num_blocks_per_req), dtype=np.int32
-        )  # [rows, blocks]
-        self.table = torch.from_numpy(self.table_np)  # shares memory with table_np
+        # Copied to the device each step: pinned there, like the runner's inputs (staging.py).
+        self.table = host_buffer((max_num_reqs, max_num_blocks_per_req), torch.int32, device)
+        self.table_np = self.table.numpy()  # [rows, blocks]; shares memory with table
         self.num_blocks_per_row = np.zeros(max_num_reqs, dtype=np.int32)  # [rows]
-        self.slot_mapping_np = np.zeros(max_num_tokens, dtype=np.int64)  # [tokens]
-        self.slot_mapping = torch.from_numpy(self.slot_mapping_np)
+        self.slot_mapping = host_buffer(max_num_tokens, torch.int64, device)  # [tokens]
+        self.slot_mapping_np = self.slot_mapping.numpy()
 
     def add_row(self, block_ids: list[int], row: int) -> None:
         """Replaces the row's blocks: a new request, or one resumed from preemption."""

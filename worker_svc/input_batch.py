@@ -55,8 +55,9 @@ class InputBatch:
         self.num_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)  # [rows] prompt + output
         self.num_computed_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)  # [rows]
         self.block_table = BlockTable(
-            max_num_reqs, -(-max_model_len // block_size), block_size, max_num_batched_tokens
-        )
+            max_num_reqs, -(-max_model_len // block_size), block_size, max_num_batched_tokens,
+            device,
+        )  # fmt: skip
         self._holes: list[int] = []  # free rows below num_rows, ascending
         self.num_rows = 0  # one past the highest occupied row (holes included)
         self._sampling_metadata: SamplingMetadata | None = None  # None = membership changed

@@ -36,6 +36,7 @@ from worker_svc.spec_decode_metadata import (
 from worker_svc.spec_decode_output import record_verified
 from worker_svc.staging import InputFence, host_buffer
 from worker_svc.validation import (
+    CheckedStep,
     InvalidStepError,
     StepLimits,
     validate_grammar_output,
@@ -99,14 +100,16 @@ class ModelRunner:
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
         if self.execute_model_state is not None:
             raise RuntimeError("sample_tokens() must be called after execute_model() returns None")
-        validate_scheduler_output(so, self.requests, self.limits, not self.model.stage.is_last)
+        checked = validate_scheduler_output(
+            so, self.requests, self.limits, not self.model.stage.is_last
+        )
         if self.pooler is not None:
             self.pooler.begin_step(so)
         self.input_fence.wait()  # the last step's copies have read the host buffers
-        self._update_states(so)
+        self._update_states(so, checked)
         if so.total_num_scheduled_tokens == 0:
             return worker_pb2.ModelRunnerOutput()
-        logits_indices, discard, metadata, spec = self._prepare_inputs(so)
+        logits_indices, discard, metadata, spec = self._prepare_inputs(so, checked.cached_req_ids)
         num_tokens = so.total_num_scheduled_tokens
         with torch.inference_mode(), set_forward_context(metadata):
             hidden = self._run_stage(num_tokens)
@@ -178,7 +181,10 @@ class ModelRunner:
             self.pooler.reset()
 
 
-    def _update_states(self, so: worker_pb2.SchedulerOutput) -> None:
+    def _update_states(
+        self, so: worker_pb2.SchedulerOutput, checked: CheckedStep | None = None
+    ) -> None:
+        """checked: what validation read of so (None: read it here)."""
         batch = self.input_batch
         # Finished requests leave for good: the runner's record and the batch row.
         for req_id in so.finished_req_ids:
@@ -189,8 +195,9 @@ class ModelRunner:
         # Held but not scheduled this step (preempted, or skipped): leave the batch, keep the state.
         # Resumed requests count as unscheduled here so the resume path below re-adds them cleanly.
         cached = so.scheduled_cached_reqs
+        req_ids = list(cached.req_ids) if checked is None else checked.cached_req_ids
         scheduled = {r.req_id for r in so.scheduled_new_reqs}
-        scheduled.update(cached.req_ids)
+        scheduled.update(req_ids)
         scheduled.difference_update(cached.resumed_req_ids)
         for req_id in batch.req_id_to_index.keys() - scheduled:
             batch.remove_request(req_id)
@@ -217,10 +224,18 @@ class ModelRunner:
         # The state's computed count is synced from the row only when the row goes away.
         resumed = set(cached.resumed_req_ids)
         index = batch.req_id_to_index
+        if checked is not None and checked.no_new_blocks and not resumed:
+            rows = [index.get(r, -1) for r in req_ids]
+            if -1 not in rows:  # all in the batch, no block added: one write in all
+                batch.num_computed_tokens_np[rows] = np.fromiter(
+                    cached.num_computed_tokens, np.int32, len(rows)
+                )
+                for state in to_add:
+                    batch.add_request(state)
+                batch.condense()
+                return
         rows, positions = [], []
-        for i, (req_id, blocks) in enumerate(
-            zip(cached.req_ids, cached.new_block_ids, strict=True)
-        ):
+        for i, (req_id, blocks) in enumerate(zip(req_ids, cached.new_block_ids, strict=True)):
             row = index.get(req_id)
             if row is not None:
                 rows.append(row)
@@ -268,22 +283,26 @@ class ModelRunner:
         return generator
 
 
-    def _num_scheduled_per_row(self, so: worker_pb2.SchedulerOutput) -> np.ndarray:
+    def _num_scheduled_per_row(
+        self, so: worker_pb2.SchedulerOutput, cached_req_ids: list[str] | None = None
+    ) -> np.ndarray:
+        """cached_req_ids: so.scheduled_cached_reqs.req_ids as a list, when the caller has it."""
         batch = self.input_batch
         counts = np.zeros(batch.num_reqs, dtype=np.int64)  # [reqs]
         for new in so.scheduled_new_reqs:
             counts[batch.req_id_to_index[new.req_id]] = new.num_scheduled_tokens
         cached = so.scheduled_cached_reqs
-        rows = [batch.req_id_to_index[r] for r in cached.req_ids]
-        counts[rows] = cached.num_scheduled_tokens
+        index = batch.req_id_to_index
+        rows = [index[r] for r in (cached.req_ids if cached_req_ids is None else cached_req_ids)]
+        counts[rows] = np.fromiter(cached.num_scheduled_tokens, np.int64, len(rows))
         return counts
 
     def _prepare_inputs(
-        self, so: worker_pb2.SchedulerOutput
+        self, so: worker_pb2.SchedulerOutput, cached_req_ids: list[str] | None = None
     ) -> tuple[torch.Tensor, np.ndarray, AttentionMetadata, SpecDecodeMetadata | None]:
         batch = self.input_batch
         num_reqs, num_tokens = batch.num_reqs, so.total_num_scheduled_tokens
-        num_scheduled = self._num_scheduled_per_row(so)  # [reqs]
+        num_scheduled = self._num_scheduled_per_row(so, cached_req_ids)  # [reqs]
         req_indices = np.repeat(self.arange_np[:num_reqs], num_scheduled)  # [tokens]
         cu_num_tokens = np.cumsum(num_scheduled)  # [reqs]
         # Offset of each token inside its request's slice of this step: 0, 1, .. per request.

@@ -12,9 +12,11 @@ from __future__ import annotations
 import torch
 
 
-def host_buffer(size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A zeroed [size] host tensor, pinned when the step's inputs go to a CUDA device."""
-    return torch.zeros(size, dtype=dtype, pin_memory=device.type == "cuda")
+def host_buffer(
+    size: int | tuple[int, ...], dtype: torch.dtype, device: torch.device | str
+) -> torch.Tensor:
+    """A zeroed host tensor of that size, pinned when the step's inputs go to a CUDA device."""
+    return torch.zeros(size, dtype=dtype, pin_memory=torch.device(device).type == "cuda")
 
 
 class InputFence:

@@ -40,12 +40,21 @@ class StepLimits:
     samples: bool = True  # False on a pooling (embedding) worker: sampling values go unused
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class CheckedStep:
+    """What validation learned of a step that the runner's update can reuse (reading a protobuf
+    repeated field costs ~0.2 us an element each time)."""
+
+    cached_req_ids: list[str]  # scheduled_cached_reqs.req_ids, read once
+    no_new_blocks: bool  # no cached request gained a block (every new_block_ids entry empty)
+
+
 def validate_scheduler_output(
     so: worker_pb2.SchedulerOutput,
     requests: Mapping[str, _KnownRequest],
     limits: StepLimits,
     appends_new_tokens: bool = False,
-) -> None:
+) -> CheckedStep:
     """`appends_new_tokens`: this rank learns sampled tokens from cached_new_token_ids (a
     pipeline stage before the last), so a cached request holds that many more tokens."""
     finished = set(so.finished_req_ids)
@@ -115,18 +124,20 @@ def validate_scheduler_output(
             f"cached_new_token_ids has {len(new_tokens)} entries for {n} req_ids"
             + (" (a pipeline stage before the last needs one per request)" * appends_new_tokens)
         )
+    req_ids = list(cached.req_ids)
     resumed = set(cached.resumed_req_ids)
-    if not resumed <= set(cached.req_ids):
+    if not resumed <= set(req_ids):
         raise InvalidStepError(
-            f"resumed_req_ids {sorted(resumed - set(cached.req_ids))} are not scheduled"
+            f"resumed_req_ids {sorted(resumed - set(req_ids))} are not scheduled"
         )
+    no_new_blocks = not drafts and not appends_new_tokens and no_block_added(cached)
     if not drafts and not appends_new_tokens and _cached_requests_valid(
-        cached, requests, finished, resumed, seen, limits
+        cached, requests, finished, resumed, seen, limits, req_ids, no_new_blocks
     ):
         # NOTE: the common steady decode step, checked in bulk. The loop below stays the
         # reference: it runs whenever the bulk check finds anything amiss, so a refusal and its
         # message are the same either way.
-        seen.update(cached.req_ids)
+        seen.update(req_ids)
         total += sum(cached.num_scheduled_tokens)
         cached_done = True
     else:
@@ -191,6 +202,21 @@ def validate_scheduler_output(
         raise InvalidStepError(
             f"{len(seen)} requests scheduled, above max_num_reqs={limits.max_num_reqs}"
         )
+    return CheckedStep(req_ids, no_new_blocks)
+
+
+def no_block_added(cached: worker_pb2.CachedRequestData) -> bool:
+    """True when every new_block_ids entry is empty, without reading the entries one by one
+    (~1.5 us each): an empty entry serializes as 2 bytes (its tag, a zero length) and any other
+    (ids, or unknown fields) as more, so the field's size tells. A steady decode step between
+    block boundaries adds no block."""
+    n = len(cached.new_block_ids)
+    if not n:
+        return True
+    rest = worker_pb2.CachedRequestData()
+    rest.CopyFrom(cached)
+    rest.ClearField("new_block_ids")
+    return cached.ByteSize() - rest.ByteSize() == 2 * n
 
 
 def _cached_requests_valid(
@@ -200,40 +226,49 @@ def _cached_requests_valid(
     resumed: set[str],
     seen: set[str],
     limits: StepLimits,
+    req_ids: list[str] | None = None,
+    no_new_blocks: bool = False,
 ) -> bool:
     """True when every cached request passes the per-request checks of the loop in
-    validate_scheduler_output (no drafts, no appended tokens), computed over whole arrays."""
-    ids = set(cached.req_ids)
-    n = len(cached.req_ids)
+    validate_scheduler_output (no drafts, no appended tokens), computed over whole arrays.
+    req_ids: cached.req_ids as a list, when the caller has it; no_new_blocks: what
+    no_block_added(cached) said (False: the entries are read)."""
+    if req_ids is None:
+        req_ids = list(cached.req_ids)
+    ids = set(req_ids)
+    n = len(req_ids)
     if len(ids) != n or "" in ids or not ids.isdisjoint(seen) or not ids.isdisjoint(finished):
         return False
     if not requests.keys() >= ids:
         return False
     if not n:
         return True
-    states = [requests[r] for r in cached.req_ids]
+    states = [requests[r] for r in req_ids]
     num_tokens = np.fromiter((s.num_tokens for s in states), np.int64, n)  # [reqs]
     held_blocks = np.fromiter((len(s.block_ids) for s in states), np.int64, n)  # [reqs]
-    new_blocks = cached.new_block_ids
-    num_new_blocks = np.fromiter((len(b.ids) for b in new_blocks), np.int64, n)  # [reqs]
+    if no_new_blocks:
+        num_new_blocks = np.zeros(n, np.int64)  # [reqs]
+    else:
+        new_blocks = list(cached.new_block_ids)
+        num_new_blocks = np.fromiter((len(b.ids) for b in new_blocks), np.int64, n)  # [reqs]
     if num_new_blocks.any():
         added = [x for b in new_blocks for x in b.ids]
         if not (0 < min(added) and max(added) < limits.num_blocks):
             return False
         for i in np.flatnonzero(num_new_blocks):  # a block appears once in a request's table
             ids = new_blocks[i].ids
-            table = () if cached.req_ids[i] in resumed else states[i].block_ids
+            table = () if req_ids[i] in resumed else states[i].block_ids
             if len(set(ids)) != len(ids) or not set(table).isdisjoint(ids):
                 return False
-    computed = np.asarray(cached.num_computed_tokens, dtype=np.int64)  # [reqs]
-    scheduled = np.asarray(cached.num_scheduled_tokens, dtype=np.int64)  # [reqs]
+    computed = np.fromiter(cached.num_computed_tokens, np.int64, n)  # [reqs]
+    scheduled = np.fromiter(cached.num_scheduled_tokens, np.int64, n)  # [reqs]
     needed = computed + scheduled
     if computed.min() < 0 or scheduled.min() < 0 or (needed > num_tokens).any():
         return False
     if ((needed == num_tokens) & (num_tokens >= limits.max_model_len)).any():
         return False  # it would sample past max_model_len
     if resumed:
-        held_blocks[[r in resumed for r in cached.req_ids]] = 0
+        held_blocks[[r in resumed for r in req_ids]] = 0
     num_blocks = held_blocks + num_new_blocks
     max_blocks = -(-limits.max_model_len // limits.block_size)
     return not ((num_blocks * limits.block_size < needed) | (num_blocks > max_blocks)).any()

@@ -33,6 +33,7 @@ class RankEndpoint:
     host: str
     grpc_port: int
     zmq_port: int
+    metrics_port: int | None = None  # its Prometheus /metrics (the overhead bench reads it)
 
     def address(self, transport: str) -> str:
         return f"{self.host}:{self.grpc_port if transport == 'grpc' else self.zmq_port}"
@@ -83,7 +84,8 @@ class LocalWorkerGroup:
         except BaseException:
             _stop_session(process, grace_s=5.0)
             raise
-        endpoints = [RankEndpoint(r["rank"], host, r["grpc_port"], r["zmq_port"]) for r in ranks]
+        endpoints = [RankEndpoint(r["rank"], host, r["grpc_port"], r["zmq_port"],
+                                  r.get("metrics_port")) for r in ranks]
         logger.info("started a local worker group: %s", endpoints)
         return cls(process, endpoints, token_file)
 

@@ -89,7 +89,21 @@ def test_bench_all_quick(tmp_path: Path) -> None:
     overhead = results["overhead"]
     assert overhead["step_ms"]["uni, 16"]["median"] > 0
     assert overhead["bare_forward_ms"]["16"]["median"] > 0
-    assert list(overhead["step_ms"]) == ["uni, 16"]  # a quick run: in-process only
+    assert list(overhead["step_ms"]) == ["uni, 16", "zmq async, 16"]
+    # Over ZMQ, the step's two sides apart: the worker's busy time read from its /metrics, the
+    # engine's own (the step less its waits on the worker); both real and inside the step.
+    sides = overhead["remote_sides_ms"]["zmq async, 16"]
+    assert len(sides["step"]) == len(sides["worker"]) == 2  # a figure per repeat
+    for step, wait, engine, worker in zip(sides["step"], sides["wait"], sides["engine"],
+                                          sides["worker"], strict=True):
+        assert 0 < wait < step and 0 < engine < step
+        # The worker works inside the steps, plus at most the step in flight when the timing
+        # started (async scheduling), a step in 8: never more than 1/8 over.
+        assert 0 < worker < 1.2 * step
+        assert abs(engine + wait - step) < 1e-6
+    assert "waiting on the worker" in overhead["parts"]["zmq async, 16"]
+    assert any(t["title"].startswith("[quick run] async scheduling: the step against")
+               for t in overhead["tables"])
     uni_parts = overhead["parts"]["uni, 16"]
     assert uni_parts["forward"] > 0 and uni_parts["schedule()"] > 0
     assert uni_parts["detokenization"] > 0  # the model's ids decode with the default tokenizer

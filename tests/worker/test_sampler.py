@@ -10,7 +10,13 @@ import torch
 from batchwire.v1 import worker_pb2
 
 from worker_svc import sampler as sampler_module
-from worker_svc.sampler import Sampler, apply_min_p, apply_penalties, apply_top_k_top_p
+from worker_svc.sampler import (
+    Sampler,
+    apply_min_p,
+    apply_penalties,
+    apply_top_k_top_p,
+    row_argmax,
+)
 from worker_svc.sampling_metadata import SamplingMetadata, build_sampling_metadata
 
 
@@ -389,3 +395,19 @@ def test_metadata_from_plain_objects():
 def test_empty_batch():
     md = metadata([], vocab=4)
     assert Sampler()(torch.empty(0, 4), md).sampled_token_ids.shape == (0,)
+
+
+def test_row_argmax_is_torch_argmax_ties_nan_and_infinities_included():
+    """The numpy reduction the CPU path takes picks what torch's argmax/argmin pick."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (64, 50), generator=gen).float()  # many ties per row
+    x[5, 7] = x[6, 0] = x[6, 9] = float("nan")
+    x[7] = float("-inf")
+    x[8, 3] = float("inf")
+    x[9] = -0.0
+    x[9, 4] = 0.0
+    for t in (x, x.double(), x[:, ::2], x.t().contiguous().t()):  # strided views too
+        for smallest in (False, True):
+            expected = t.argmin(dim=-1) if smallest else t.argmax(dim=-1)
+            got = row_argmax(t, smallest)
+            assert got.dtype == torch.int64 and torch.equal(got, expected), (t.stride(), smallest)

@@ -138,3 +138,49 @@ def test_bulk_check_at_max_model_len(monkeypatch):
         bulk = outcome(so, grown, LIMITS, True, monkeypatch)
         assert bulk == outcome(so, grown, LIMITS, False, monkeypatch)
         assert bulk.startswith(expected), bulk
+
+
+def no_block_step(requests: dict[str, CachedRequestState]) -> pb.SchedulerOutput:
+    """A steady step between block boundaries: every new_block_ids entry is empty."""
+    for state in requests.values():  # room in the held blocks for the token scheduled now
+        state.block_ids.append(399 - len(state.block_ids) - 4 * int(state.req_id[1:]) % 50)
+    so = steady_step(requests)
+    for entry in so.scheduled_cached_reqs.new_block_ids:
+        del entry.ids[:]
+    return so
+
+
+@pytest.mark.parametrize("how", [h for h in HOW if h != "block missing"])
+def test_bulk_check_of_a_step_that_adds_no_block_agrees_with_the_loop(how, monkeypatch):
+    """The shortcut that reads no new_block_ids entry (their serialized size says they are all
+    empty) refuses what the loop refuses; a broken entry takes the entry-by-entry path."""
+    requests = held_requests()
+    so = no_block_step(requests)
+    cached = so.scheduled_cached_reqs
+    assert validation.no_block_added(cached)
+    req_ids = list(cached.req_ids)
+    assert validation._cached_requests_valid(cached, requests, set(), set(), set(), LIMITS,
+                                             req_ids, True)
+    assert validate_scheduler_output(so, requests, LIMITS).no_new_blocks
+    seen = set()
+    for i in (0, 17, 63):
+        broken = break_step(so, how, i)
+        bulk = outcome(broken, requests, LIMITS, True, monkeypatch)
+        assert bulk == outcome(broken, requests, LIMITS, False, monkeypatch), (how, i)
+        seen.add(bulk.split(":")[0])
+    assert seen == ({"accepted"} if how in ("none", "recompute") else {"refused"}), (how, seen)
+
+
+def test_no_block_added_reads_every_entry_exactly():
+    """Any entry with an id, or with bytes the schema does not know, counts as not empty."""
+    so = no_block_step(held_requests())
+    cached = so.scheduled_cached_reqs
+    assert validation.no_block_added(cached)
+    assert validation.no_block_added(pb.CachedRequestData())
+    for i in (0, 31, 63):
+        grown = copy.deepcopy(cached)
+        grown.new_block_ids[i].ids.append(5)
+        assert not validation.no_block_added(grown)
+        unknown = copy.deepcopy(cached)
+        unknown.new_block_ids[i].MergeFromString(b"\x10\x01")  # field 2: unknown to BlockIds
+        assert not validation.no_block_added(unknown)
