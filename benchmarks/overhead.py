@@ -41,14 +41,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=100, help="timed decode steps per repeat")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--cases", default="uni,zmq,grpc,serve uni,serve zmq",
-                   help="engine transports (`zmq async`: with async scheduling, whatever "
-                   "--async-scheduling says; `zmq spec`, `zmq async spec`: with n-gram "
+                   help="engine transports (`zmq async` / `zmq sync`: with async scheduling "
+                   "on / off, whatever --async-scheduling says; plain `zmq`: the engine's "
+                   "default, on over zmq and grpc; `zmq spec`, `zmq async spec`: with n-gram "
                    "speculative decoding, K=4) and `serve <transport>` processes, comma list "
                    "(default: %(default)s)")
     # float32: on a CPU without AMX, bfloat16 makes even this model's matmuls the bottleneck.
     p.set_defaults(dtype="float32")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="the engines' setting (default: theirs; serve gets the flag when on)")
+
+
+def _async_setting(words: list[str], default: dict) -> dict:
+    """A case's async scheduling: `async` or `sync` in its name, else the --async-scheduling
+    flag's (default: the engine's own)."""
+    if "async" in words or "sync" in words:
+        return {"async_scheduling": "async" in words}
+    return default
 
 
 def quick(args: argparse.Namespace) -> None:
@@ -157,7 +166,7 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
     max_tokens = warmup + args.steps + 4
     default = {} if args.async_scheduling is None else {"async_scheduling": args.async_scheduling}
     engines = {t: LLM(model, dtype=args.dtype, executor_backend=t.split()[0],
-                      **({"async_scheduling": True} if "async" in t.split() else default),
+                      **_async_setting(t.split(), default),
                       **(SPEC if "spec" in t.split() else {}),
                       **engine_settings(n, args.prompt_len, max_tokens)) for t in transports}
     runs: dict[str, list[float]] = {t: [] for t in transports}
