@@ -111,8 +111,13 @@ class EngineCore:
 
 
     def step(self) -> list[EngineCoreOutput]:
-        """One step, then its text (the offline path)."""
-        return self.process_outputs(self.step_tokens())
+        """One step, then its text (the offline path). Async: the text of the step before is
+        made while the worker runs this one's forward pass (a stop string found there ends its
+        request before this step samples, whose token for it is then dropped, as for EOS)."""
+        step = self.launch_step()
+        outputs = self.process_outputs(self.apply_in_flight())
+        self.sample_step(step)
+        return outputs + self.process_outputs(self.finish_step(step))
 
     def step_tokens(self) -> list[EngineCoreOutput]:
         """One step, token-level: what the engine thread of a server does."""
