@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from batchwire.benchmarks.cases import async_setting
 from batchwire.benchmarks.load_generator import generate_load
 from batchwire.benchmarks.machine import machine_info
 from batchwire.benchmarks.overhead_parts import PARTS, profile_parts
@@ -50,14 +51,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(dtype="float32")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="the engines' setting (default: theirs; serve gets the flag when on)")
-
-
-def _async_setting(words: list[str], default: dict) -> dict:
-    """A case's async scheduling: `async` or `sync` in its name, else the --async-scheduling
-    flag's (default: the engine's own)."""
-    if "async" in words or "sync" in words:
-        return {"async_scheduling": "async" in words}
-    return default
 
 
 def quick(args: argparse.Namespace) -> None:
@@ -166,7 +159,7 @@ def measure_engines(model: str, n: int, args: argparse.Namespace, transports: li
     max_tokens = warmup + args.steps + 4
     default = {} if args.async_scheduling is None else {"async_scheduling": args.async_scheduling}
     engines = {t: LLM(model, dtype=args.dtype, executor_backend=t.split()[0],
-                      **_async_setting(t.split(), default),
+                      **async_setting(t, default),
                       **(SPEC if "spec" in t.split() else {}),
                       **engine_settings(n, args.prompt_len, max_tokens)) for t in transports}
     runs: dict[str, list[float]] = {t: [] for t in transports}
@@ -218,9 +211,9 @@ def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
                  ) -> list[float]:
     """Adds n requests, runs their prefill and `warmup` steps, then times args.steps decode
     steps one by one (ms each), with the splits' timers on; aborts what is left. thread_times
-    gets each step's token-level part (step_tokens, before the output processor), tokens the
-    output tokens of each step; remote, the worker's and the wait's time over the timed steps
-    (remote.measured)."""
+    gets each step's token-level part (the step less its output processor, which an offline
+    async step runs while the worker computes), tokens the output tokens of each step; remote,
+    the worker's and the wait's time over the timed steps (remote.measured)."""
     params = SamplingParams(temperature=0, max_tokens=warmup + args.steps + 4, ignore_eos=True)
     ids = [f"overhead-{time.monotonic_ns()}-{i}" for i in range(n)]
     for request_id, prompt in zip(ids, prompts(n, args.prompt_len), strict=True):
@@ -235,16 +228,28 @@ def decode_steps(engine: Any, n: int, args: argparse.Namespace, warmup: int,
         splits.enabled = True
     if remote is not None:
         remote.start()
+    processing = [0.0]  # this step's time in the output processor
+    process_outputs = engine.process_outputs
+
+    def timed_process_outputs(outputs: list) -> list:
+        t = time.perf_counter()
+        try:
+            return process_outputs(outputs)
+        finally:
+            processing[0] += time.perf_counter() - t
+
+    engine.process_outputs = timed_process_outputs
     for _ in range(args.steps):
+        processing[0] = 0.0
         t0 = time.perf_counter()
-        outputs = engine.step_tokens()
-        t1 = time.perf_counter()
-        engine.process_outputs(outputs)
-        times.append(1e3 * (time.perf_counter() - t0))
+        outputs = engine.step()
+        elapsed = time.perf_counter() - t0
+        times.append(1e3 * elapsed)
         if tokens is not None:
             tokens.append(sum(len(o.new_token_ids) for o in outputs))
         if thread_times is not None:
-            thread_times.append(1e3 * (t1 - t0))
+            thread_times.append(1e3 * (elapsed - processing[0]))
+    del engine.process_outputs  # the class's again
     if splits is not None:
         splits.enabled = False
     if remote is not None:

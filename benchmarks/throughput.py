@@ -15,6 +15,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from batchwire.benchmarks.cases import async_setting
 from batchwire.benchmarks.llamacpp_peer import load_llamacpp, run_llamacpp, skip_reason
 from batchwire.benchmarks.machine import machine_info, peak_matmul_flops
 from batchwire.benchmarks.offline_w64 import load_transformers, run_batchwire, run_transformers
@@ -31,7 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "instead of W64")
     p.add_argument("--input-len", type=int, default=128, help="with --num-prompts")
     p.add_argument("--output-len", type=int, default=128, help="with --num-prompts")
-    p.add_argument("--transports", default="uni,zmq,grpc", help="batchwire executors, comma list")
+    p.add_argument("--transports", default="uni,zmq,grpc",
+                   help="batchwire executors, comma list (`zmq sync`, `zmq async`: with async "
+                   "scheduling off or on, the default being on over zmq and grpc)")
     p.add_argument("--hf-batch-sizes", default="16,64", help="transformers static batch sizes")
     p.add_argument("--no-llamacpp", action="store_true", help="leave the llama.cpp peer out")
 
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> None:
                     max_model_len=max_len, max_num_batched_tokens=max(2048, max_len),
                     kv_cache_memory_bytes=512 << 20,
                     enable_prefix_caching=False)  # every repeat a cold run, not the last one's hits
-    engines = {t: LLM(executor_backend=t, **settings) for t in args.transports.split(",") if t}
+    engines = {t: LLM(executor_backend=t.split()[0], **async_setting(t), **settings)
+               for t in args.transports.split(",") if t}
     configs: dict[str, Callable[[], float]] = {}
     steps: dict[str, int] = {}
     for t, llm in engines.items():
