@@ -1,7 +1,9 @@
-"""Generation.Embed on real `batchwire serve --task embed` processes (the default model, float32):
-vectors equal transformers' final hidden states, mean- and last-pooled and normalised, for a text
-chunked across steps and a batch of 64 of mixed lengths; each bad input gets its status, naming
-the field, and the server serves the next request."""
+"""Generation.Embed on real `batchwire serve --task embed` processes, float32: vectors equal
+transformers' final hidden states, mean-pooled by a server of the default model and last-pooled by
+one of the tiny Llama (a second default model would double the load time and show nothing more:
+tests/worker/test_pooler.py last-pools the default model), normalised, for a text chunked across
+steps and a batch of mixed lengths; each bad input gets its status, naming the field, and the
+server serves the next request."""
 
 from __future__ import annotations
 
@@ -28,10 +30,15 @@ def text_of(n_words: int, offset: int = 0) -> str:
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """A mean- and a last-pooling server, loading side by side."""
-    started = {kind: ServerProcess(tmp_path_factory.mktemp(f"embed-{kind}"), *EMBED_ARGS,
-                                   "--pooling-type", kind) for kind in ("mean", "last")}
+def servers(tmp_path_factory, tiny_llama_with_tokenizer):
+    """A mean-pooling server of the default model and a last-pooling one of the tiny Llama,
+    loading side by side."""
+    started = {
+        "mean": ServerProcess(tmp_path_factory.mktemp("embed-mean"), *EMBED_ARGS,
+                              "--pooling-type", "mean"),
+        "last": ServerProcess(tmp_path_factory.mktemp("embed-last"), *EMBED_ARGS,
+                              "--pooling-type", "last", "--model", tiny_llama_with_tokenizer),
+    }
     try:
         for server in started.values():
             server.wait_serving()
@@ -46,6 +53,17 @@ def hf_base(hf_default_model):
     return hf_default_model.model  # the decoder without the LM head: final (normed) states
 
 
+@pytest.fixture(scope="module")
+def models(hf_base, default_tokenizer, tiny_llama_with_tokenizer):
+    """Per pooling type: the served model's transformers decoder, tokenizer and vector size."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tiny = AutoModelForCausalLM.from_pretrained(tiny_llama_with_tokenizer, dtype=torch.float32)
+    return {"mean": (hf_base, default_tokenizer, 576),
+            "last": (tiny.eval().model, AutoTokenizer.from_pretrained(tiny_llama_with_tokenizer),
+                     64)}
+
+
 def reference(hf_base, ids: list[int], pooling: str) -> torch.Tensor:
     with torch.no_grad():
         hidden = hf_base(torch.tensor([ids])).last_hidden_state[0]  # (T, hidden)
@@ -57,27 +75,27 @@ def embed(server: ServerProcess, **fields) -> generate_pb2.EmbedResponse:
     return server.stub.Embed(generate_pb2.EmbedRequest(**fields), timeout=300)
 
 
-def assert_close(response, hf_base, batch: list[list[int]], pooling: str) -> None:
+def assert_close(response, hf_base, batch: list[list[int]], pooling: str, size: int) -> None:
     assert [e.index for e in response.embeddings] == list(range(len(batch)))
     for ids, e in zip(batch, response.embeddings, strict=True):
         ours = torch.tensor(list(e.values))
-        assert ours.shape == (576,)
+        assert ours.shape == (size,)
         assert abs(float(ours.norm()) - 1) < 1e-4
         cosine = float(ours @ reference(hf_base, ids, pooling))
         assert cosine >= MIN_COSINE, f"{len(ids)} tokens: cosine {cosine:.6f}"
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
-def test_embed_matches_transformers_with_a_chunked_text(servers, hf_base, default_tokenizer,
-                                                        pooling):
+def test_embed_matches_transformers_with_a_chunked_text(servers, models, pooling):
     server = servers[pooling]
+    hf_base, tokenizer, size = models[pooling]
     info = server.stub.GetModelInfo(generate_pb2.GetModelInfoRequest(), timeout=10)
-    assert (info.task, info.pooling_type, info.embedding_size) == ("embed", pooling, 576)
+    assert (info.task, info.pooling_type, info.embedding_size) == ("embed", pooling, size)
     texts = ["The capital of France is Paris.", text_of(90), "def fibonacci(n):"]
-    batch = [default_tokenizer(t).input_ids for t in texts]
+    batch = [tokenizer(t).input_ids for t in texts]
     assert len(batch[1]) > 64  # more than one step's budget: pooled across chunks
     response = embed(server, request_id="chunked", texts=texts)
-    assert_close(response, hf_base, batch, pooling)
+    assert_close(response, hf_base, batch, pooling, size)
     assert response.usage.prompt_tokens == sum(len(ids) for ids in batch)
     # The same inputs as token ids, truncated and not normalised.
     raw = embed(server, token_ids=[generate_pb2.EmbedTokenIds(ids=ids) for ids in batch],
@@ -115,19 +133,19 @@ BAD = [
      "token_ids[0]"),
     (dict(token_ids=[generate_pb2.EmbedTokenIds(ids=[5] * 1024)]),
      grpc.StatusCode.INVALID_ARGUMENT, "token_ids[0]"),
-    (dict(texts=["x"], dimensions=577), grpc.StatusCode.INVALID_ARGUMENT, "dimensions"),
+    (dict(texts=["x"], dimensions=65), grpc.StatusCode.INVALID_ARGUMENT, "dimensions"),
 ]
 
 
 @pytest.mark.parametrize(("fields", "code", "field"), BAD)
 def test_bad_embed_input_gets_a_status_and_the_next_request_is_served(servers, fields, code,
                                                                       field):
-    server = servers["last"]
+    server = servers["last"]  # the tiny Llama's: vectors of 64
     with pytest.raises(grpc.RpcError) as info:
         embed(server, **fields)
     assert info.value.code() == code
     assert info.value.details().startswith(field), info.value.details()
-    assert len(embed(server, texts=["next"]).embeddings[0].values) == 576
+    assert len(embed(server, texts=["next"]).embeddings[0].values) == 64
 
 
 @pytest.mark.parametrize(("sampling", "code", "field"), [

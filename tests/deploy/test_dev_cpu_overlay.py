@@ -4,9 +4,10 @@ read from the rendered manifests and run as local processes, with this test play
 then SIGTERM). Requests stream while a worker is added and another removed; none is lost.
 
 What differs from a pod, and why: every server binds a free port on 127.0.0.1 (the manifests'
-fixed ports would collide on one machine), the pod IP is 127.0.0.1, the ready file tells the
-test the bound ports, volume mounts become folders of the test, and the kubeconfig points the
-scheduler's Kubernetes client at the stand-in API.
+fixed ports would collide on one machine), a worker runs one torch thread (the manifest's two
+per pod assume a CPU limit each, not two pods on the same two cores), the pod IP is 127.0.0.1,
+the ready file tells the test the bound ports, volume mounts become folders of the test, and
+the kubeconfig points the scheduler's Kubernetes client at the stand-in API.
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ class Cluster:
             # Pods share this host here, not a network namespace each: every port is a free one.
             "BATCHWIRE_PORT": "0", "BATCHWIRE_ZMQ_PORT": "0", "BATCHWIRE_METRICS_PORT": "0",
             "BATCHWIRE_READY_FILE": str(ready),
+            # Nor a CPU limit each: two pods' OpenMP teams of the manifest's size on the same
+            # two cores stall each other.
+            "OMP_NUM_THREADS": "1",
         })
         process = Process(command, ready, self.tmp / f"{name}.log", env)
         self.processes[name] = process
