@@ -107,6 +107,17 @@ HOW = ["none", "empty id", "unknown id", "twice", "finished", "null block",
        "new request with a cached id"]
 
 
+def assert_bulk_agrees_with_the_loop(so, how, requests, monkeypatch) -> None:
+    """The step broken `how` at three positions: the bulk check's outcome is the loop's."""
+    seen = set()
+    for i in (0, 17, 63):
+        broken = break_step(so, how, i)
+        bulk = outcome(broken, requests, LIMITS, True, monkeypatch)
+        assert bulk == outcome(broken, requests, LIMITS, False, monkeypatch), (how, i)
+        seen.add(bulk.split(":")[0])
+    assert seen == ({"accepted"} if how in ("none", "recompute") else {"refused"}), (how, seen)
+
+
 @pytest.mark.parametrize("how", HOW)
 def test_bulk_check_agrees_with_the_loop(how, monkeypatch):
     requests = held_requests()
@@ -115,13 +126,7 @@ def test_bulk_check_agrees_with_the_loop(how, monkeypatch):
     # The valid step takes the bulk path (else this table would test the loop twice).
     assert validation._cached_requests_valid(so.scheduled_cached_reqs, requests, set(), set(),
                                              set(), LIMITS)
-    seen = set()
-    for i in (0, 17, 63):
-        broken = break_step(so, how, i)
-        bulk = outcome(broken, requests, LIMITS, True, monkeypatch)
-        assert bulk == outcome(broken, requests, LIMITS, False, monkeypatch), (how, i)
-        seen.add(bulk.split(":")[0])
-    assert seen == ({"accepted"} if how in ("none", "recompute") else {"refused"}), (how, seen)
+    assert_bulk_agrees_with_the_loop(so, how, requests, monkeypatch)
 
 
 def test_bulk_check_at_max_model_len(monkeypatch):
@@ -162,13 +167,7 @@ def test_bulk_check_of_a_step_that_adds_no_block_agrees_with_the_loop(how, monke
     assert validation._cached_requests_valid(cached, requests, set(), set(), set(), LIMITS,
                                              req_ids, True)
     assert validate_scheduler_output(so, requests, LIMITS).no_new_blocks
-    seen = set()
-    for i in (0, 17, 63):
-        broken = break_step(so, how, i)
-        bulk = outcome(broken, requests, LIMITS, True, monkeypatch)
-        assert bulk == outcome(broken, requests, LIMITS, False, monkeypatch), (how, i)
-        seen.add(bulk.split(":")[0])
-    assert seen == ({"accepted"} if how in ("none", "recompute") else {"refused"}), (how, seen)
+    assert_bulk_agrees_with_the_loop(so, how, requests, monkeypatch)
 
 
 def test_no_block_added_reads_every_entry_exactly():
