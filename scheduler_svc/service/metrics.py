@@ -80,6 +80,11 @@ class SchedulerMetrics:
             ["position"], registry=r)
         self._last = EngineStats()
 
+    def count_from(self, stats: EngineStats) -> None:
+        """The counters advance from these stats on: the server's warm-up steps ran before it
+        served, and would otherwise be counted at the first step after it."""
+        self._last = stats
+
     def observe_engine(self, stats: EngineStats) -> None:
         """Called by the engine thread after each step; counters advance by the step's delta."""
         last, self._last = self._last, stats

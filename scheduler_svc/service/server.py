@@ -281,6 +281,7 @@ class SchedulerServer:
             return 0
         model = describe(core, tokenizer, self.engine, self._generation)
         await warm_up(self.engine, tokenizer, model.task, model.vocab_size)
+        self.metrics.count_from(self.engine.stats)
         self.engine.observer = self.metrics
         self.metrics.model_name = model.model_name
         self.servicer.attach(model)

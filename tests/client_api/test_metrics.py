@@ -48,3 +48,19 @@ def test_the_metrics_port_answers_404_elsewhere(server, path):
         urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}{path}", timeout=10)
     assert e.value.code == 404
     assert "batchwire_" in server.metrics()
+
+
+def test_the_counters_start_from_the_stats_the_server_attaches_them_at():
+    """The server attaches its metrics after its warm-up request: from the engine's stats then,
+    or the first step after it would count the warm-up's steps as served ones."""
+    from prometheus_client import generate_latest
+
+    from scheduler_svc.engine.async_engine import EngineStats
+    from scheduler_svc.service.metrics import SchedulerMetrics
+
+    metrics = SchedulerMetrics()
+    metrics.count_from(EngineStats(num_steps=3, num_prefix_queries=2, num_prefix_hits=1))
+    metrics.observe_engine(EngineStats(num_steps=5, num_prefix_queries=2, num_prefix_hits=1))
+    text = generate_latest(metrics.registry).decode()
+    assert _value(text, r"^batchwire_engine_steps_total") == 2
+    assert _value(text, r"^batchwire_prefix_cache_queries_total") == 0
