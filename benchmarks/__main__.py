@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -65,7 +66,15 @@ def _module(name: str):
     return importlib.import_module(f"batchwire.benchmarks.{name}")
 
 
+def _unwind(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so that each benchmark's `finally`
+    # stops the servers and workers it started: they run in process groups of their own, which
+    # a signal to this one's does not reach.
+    signal.signal(signal.SIGTERM, _unwind)
     args = build_parser().parse_args(argv)
     from batchwire.benchmarks.machine import set_threads
 
