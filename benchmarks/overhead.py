@@ -4,8 +4,8 @@ weights, the default tokenizer: benchmarks/tiny_model.py), so what a step costs 
 the offline engine on each transport (uni, zmq, grpc) and a `batchwire serve` process driven over
 the client gRPC API (its step read as the clients' time per output token). Next to it, measured in
 the same run, the bare transformers decode step of the same model and batch. An offline case's
-"engine thread" row is its token-level step alone (EngineCore.step_tokens): what a server's
-engine thread does, its text being made on the event loop. Where the time goes
+"engine thread" row is its step less the output processor's time: what a server's engine
+thread does, its text being made on the event loop. Where the time goes
 comes from one extra run with a timer around each part (not one of the timed runs). --model is
 ignored: the near-zero-cost model is the point.
 """

@@ -13,10 +13,11 @@ N+1's tokens, which the next step reads. The worker never has two calls pending:
 is read before N+1 is sent.
 
 The step itself is token-level: its outputs carry token ids, and text and stop strings are the
-output processor's (core/output_processor.py). step(), the offline path, is step_tokens() then
-process_outputs(), which makes the text inline and stops the requests a stop string ended; a
-server's ReplicatedEngine steps its cores call by call and leaves the text to the AsyncEngine's
-event loop.
+output processor's (core/output_processor.py). step(), the offline path, runs process_outputs()
+over each step's outputs, which makes the text inline and stops the requests a stop string
+ended (with async scheduling, while the worker computes the next forward pass); a server's
+ReplicatedEngine steps its cores call by call and leaves the text to the AsyncEngine's event
+loop.
 
 The engine holds no model and makes no decision of its own. It keeps the one map from the
 client's request id to the request; below it, the scheduler knows requests by their wire id.
@@ -118,13 +119,6 @@ class EngineCore:
         outputs = self.process_outputs(self.apply_in_flight())
         self.sample_step(step)
         return outputs + self.process_outputs(self.finish_step(step))
-
-    def step_tokens(self) -> list[EngineCoreOutput]:
-        """One step, token-level: what the engine thread of a server does."""
-        step = self.launch_step()
-        outputs = self.apply_in_flight()
-        self.sample_step(step)
-        return outputs + self.finish_step(step)
 
     def process_outputs(self, outputs: list[EngineCoreOutput]) -> list[EngineCoreOutput]:
         """The output processor over outputs, inline; a request a stop string ended stops now,
