@@ -63,7 +63,7 @@ def _env_bool(env: str) -> bool | None:
 def _flag(group: Any, flag: str, help: str) -> None:
     env = _env_name(flag)
     group.add_argument(flag, action="store_true",
-                       default=os.environ.get(env, "").lower() in _TRUE, help=f"{help} [{env}=1]")
+                       default=_env_bool(env) is True, help=f"{help} [{env}=1]")
 
 
 # Options of the scheduler service, shared by serve and scheduler.
