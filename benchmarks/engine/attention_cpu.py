@@ -1,6 +1,6 @@
 """CPU paged attention: the vectorised torch path against a naive per-request loop.
 
-    .venv/bin/python benchmarks/attention_cpu.py [--repeats 15]
+    .venv/bin/python benchmarks/engine/attention_cpu.py [--repeats 15]
 
 Shapes are SmolLM2-135M's attention (9 query / 3 KV heads, head_dim 64), block size 16.
 Workloads: 64 decode rows with 512 tokens of context each; a mixed step (4 prompt chunks of

@@ -4,7 +4,7 @@ Three kinds of sequence: random ids (W64-like: almost nothing matches), a text t
 itself (a 64-token block over and over: every suffix matches), and random ids over a small
 alphabet (many short matches). Medians of repeated timings; one CPU thread.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m batchwire.benchmarks.ngram_proposer
+    OMP_NUM_THREADS=1 .venv/bin/python -m batchwire.benchmarks.engine.ngram_proposer
 """
 
 from __future__ import annotations

@@ -1,12 +1,12 @@
 """`batchwire bench overhead`: the engine's own time per decode step. The whole engine drives a
 model whose forward pass costs almost nothing (1 layer, hidden 64, vocabulary 512, random
-weights, the default tokenizer: benchmarks/tiny_model.py), so what a step costs is the engine:
-the offline engine on each transport (uni, zmq, grpc) and a `batchwire serve` process driven over
-the client gRPC API (its step read as the clients' time per output token). Next to it, measured in
-the same run, the bare transformers decode step of the same model and batch. An offline case's
-"engine thread" row is its step less the output processor's time: what a server's engine
-thread does, its text being made on the event loop. Where the time goes
-comes from one extra run with a timer around each part (not one of the timed runs). --model is
+weights, the default tokenizer: benchmarks/shared/tiny_model.py), so what a step costs is the
+engine: the offline engine on each transport (uni, zmq, grpc) and a `batchwire serve` process
+driven over the client gRPC API (its step read as the clients' time per output token). Next to
+it, measured in the same run, the bare transformers decode step of the same model and batch. An
+offline case's "engine thread" row is its step less the output processor's time: what a server's
+engine thread does, its text being made on the event loop. Where the time goes comes from one
+extra run with a timer around each part (not one of the timed runs). --model is
 ignored: the near-zero-cost model is the point.
 """
 
@@ -19,15 +19,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from batchwire.benchmarks.cases import async_setting
-from batchwire.benchmarks.load_generator import generate_load
-from batchwire.benchmarks.machine import machine_info
-from batchwire.benchmarks.overhead_parts import PARTS, profile_parts
-from batchwire.benchmarks.overhead_remote import RemoteStepTimes, report_overlap
-from batchwire.benchmarks.report import Report, bars, fmt, spread
-from batchwire.benchmarks.serve_process import ServeProcess
-from batchwire.benchmarks.step_profile import Splits
-from batchwire.benchmarks.tiny_model import tiny_model
+from batchwire.benchmarks.engine.overhead_parts import PARTS, profile_parts
+from batchwire.benchmarks.engine.overhead_remote import RemoteStepTimes, report_overlap
+from batchwire.benchmarks.serving.load_generator import generate_load
+from batchwire.benchmarks.shared.cases import async_setting
+from batchwire.benchmarks.shared.machine import machine_info
+from batchwire.benchmarks.shared.report import Report, bars, fmt, spread
+from batchwire.benchmarks.shared.serve_process import ServeProcess
+from batchwire.benchmarks.shared.splits import Splits
+from batchwire.benchmarks.shared.tiny_model import tiny_model
 
 from scheduler_svc.core.sampling_params import SamplingParams
 

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from batchwire.benchmarks.overhead_remote import RemoteStepTimes
-from batchwire.benchmarks.step_profile import Splits
+from batchwire.benchmarks.engine.overhead_remote import RemoteStepTimes
+from batchwire.benchmarks.shared.splits import Splits
 
 from scheduler_svc.core.output_processor import OutputProcessor
 

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from typing import Any
 
-from batchwire.benchmarks.report import Report, fmt, spread
+from batchwire.benchmarks.shared.report import Report, fmt, spread
 from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler_svc.executors.grpc_executor import GrpcExecutor

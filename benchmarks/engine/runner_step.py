@@ -3,7 +3,7 @@
 Times _update_states + _prepare_inputs (no forward pass) with N running requests, each step one
 decode token per request, in the same run for both variants.
 
-    .venv/bin/python -m batchwire.benchmarks.runner_step --num-reqs 256 --steps 200
+    .venv/bin/python -m batchwire.benchmarks.engine.runner_step --num-reqs 256 --steps 200
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Times schedule() (including building the protobuf SchedulerOutput) and update_fr
 fake worker answer of one token per request; the answer is built outside the timed region. With
 --tokenizer the default model's tokenizer detokenizes every token, as a server streaming text does.
 
-    .venv/bin/python -m batchwire.benchmarks.scheduler_step --running 256 --waiting 1000 --steps 300
+    .venv/bin/python -m batchwire.benchmarks.engine.scheduler_step --running 256 --waiting 1000 \
+        --steps 300
 """
 
 from __future__ import annotations

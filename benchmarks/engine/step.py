@@ -10,9 +10,9 @@ import argparse
 import statistics
 from typing import Any
 
-from batchwire.benchmarks import runner_step, scheduler_step, transport
-from batchwire.benchmarks.machine import machine_info
-from batchwire.benchmarks.report import Report, bars, fmt, spread
+from batchwire.benchmarks.engine import runner_step, scheduler_step, transport
+from batchwire.benchmarks.shared.machine import machine_info
+from batchwire.benchmarks.shared.report import Report, bars, fmt, spread
 from tqdm import tqdm
 
 

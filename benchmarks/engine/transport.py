@@ -7,7 +7,7 @@ measured in the same run, is a bare echo of the same byte sizes, frames and call
 same transport between two processes (ZMQ ROUTER/DEALER; gRPC sync unary, and aio unary since
 the worker's gRPC server is grpc.aio).
 
-    .venv/bin/python -m batchwire.benchmarks.transport --requests 256 --steps 200 --rounds 20
+    .venv/bin/python -m batchwire.benchmarks.engine.transport --requests 256 --steps 200 --rounds 20
 
 With --w64, also workload W64 on the default model end to end (LLM.generate) with the in-process
 worker and with a local worker process over ZMQ and over gRPC, the three taking turns: useful
@@ -156,7 +156,7 @@ def _ready(path: str, port: int) -> None:
 
 def start_server(kind: str, reply_bytes: int = 0) -> tuple[subprocess.Popen, dict]:
     ready = os.path.join(tempfile.mkdtemp(prefix="bw-bench-"), "ready.json")
-    cmd = [sys.executable, "-m", "batchwire.benchmarks.transport", "--serve", kind,
+    cmd = [sys.executable, "-m", "batchwire.benchmarks.engine.transport", "--serve", kind,
            "--ready-file", ready, "--reply-bytes", str(reply_bytes)]
     process = subprocess.Popen(cmd, start_new_session=True)
     deadline = time.monotonic() + 60
@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> dict[str, float]:
 
 def run_w64(args: argparse.Namespace, step_us: dict[str, float] | None = None) -> None:
     import torch
-    from batchwire.benchmarks.workloads import w64
+    from batchwire.benchmarks.shared.workloads import w64
 
     from scheduler_svc.engine.llm import LLM
 

@@ -1,7 +1,7 @@
 """Triton kernels on a CUDA device: correctness against the references, then paged attention speed.
 
-    .venv/bin/python benchmarks/kernels_gpu.py            # on a CUDA machine
-    TRITON_INTERPRET=1 .venv/bin/python benchmarks/kernels_gpu.py --smoke   # tiny, on CPU
+    .venv/bin/python benchmarks/gpu/kernels_gpu.py            # on a CUDA machine
+    TRITON_INTERPRET=1 .venv/bin/python benchmarks/gpu/kernels_gpu.py --smoke   # tiny, on CPU
 
 Reports paged_attention decode bandwidth (bytes of K/V read per second) and prefill TFLOP/s,
 each next to torch's scaled_dot_product_attention on the same data laid out contiguously
@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
 from batchwire.kernels import AttentionMetadata  # noqa: E402
 from batchwire.kernels.paged_attention import paged_attention_reference, paged_attention_triton  # noqa: E402
 from batchwire.kernels.reshape_and_cache import reshape_and_cache_torch, reshape_and_cache_triton  # noqa: E402

@@ -1,6 +1,6 @@
 """The worker on a CUDA device: greedy parity with transformers, then decode step time per backend.
 
-    PYTHONPATH=.:protos python3 benchmarks/worker_gpu.py     # on a CUDA machine
+    PYTHONPATH=.:protos python3 benchmarks/gpu/worker_gpu.py     # on a CUDA machine
 
 1. Tiny random Llama / Qwen2 / Qwen3 checkpoints (head_dim 64, the Triton kernels' shapes) run
    through the real ModelRunner on CUDA in float32 with the Triton kernels, driven by hand-built
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 import transformers
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
 from batchwire.common.worker_config import WorkerConfig  # noqa: E402
 
 from tests.parity import assert_greedy_parity, hf_greedy  # noqa: E402

@@ -5,8 +5,8 @@ no padding) against transformers' AutoModel on padded batches, same weights and 
 forward passes and pooling, model loading excluded. transformers pools the last real token of
 each right-padded row and normalises it, as batchwire does.
 
-    .venv/bin/python -m batchwire.benchmarks.embeddings --dtype float32 --hf-batch-sizes 32,64 \
-        --repeats 1
+    .venv/bin/python -m batchwire.benchmarks.offline.embeddings --dtype float32 \
+        --hf-batch-sizes 32,64 --repeats 1
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import time
 
 import torch
 import torch.nn.functional as F
-from batchwire.benchmarks.workloads import HIGH_ID, LOW_ID
+from batchwire.benchmarks.shared.workloads import HIGH_ID, LOW_ID
 
 
 def inputs(n: int = 256, seed: int = 0) -> list[list[int]]:

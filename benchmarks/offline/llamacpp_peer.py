@@ -7,7 +7,7 @@ import importlib.util
 import time
 from typing import Any
 
-from batchwire.benchmarks.workloads import Workload
+from batchwire.benchmarks.shared.workloads import Workload
 
 
 def skip_reason(model_path: str) -> str | None:

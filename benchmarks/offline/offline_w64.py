@@ -6,8 +6,8 @@ uniform in [32, 256], output lengths uniform in [16, 128], ignore_eos, greedy. M
 not timed. A static batch runs until its longest request is done; only each request's own output
 tokens count as useful.
 
-    .venv/bin/python -m batchwire.benchmarks.offline_w64 --dtype bfloat16 --hf-batch-sizes 16,64 \
-        --repeats 3
+    .venv/bin/python -m batchwire.benchmarks.offline.offline_w64 --dtype bfloat16 \
+        --hf-batch-sizes 16,64 --repeats 3
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import time
 
 import torch
-from batchwire.benchmarks.workloads import Workload, w64
+from batchwire.benchmarks.shared.workloads import Workload, w64
 
 
 def run_batchwire(llm, workload: Workload) -> float:

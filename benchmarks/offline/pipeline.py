@@ -5,7 +5,7 @@ A stage's busy time is its process's CPU time over the run (each rank runs one t
 a busy rank uses one core); idle = 1 - busy / wall. With one batch in flight the stages take
 turns, so each should idle about (P - 1) / P of the time plus the scheduler's share.
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m batchwire.benchmarks.pipeline \
+    OMP_NUM_THREADS=1 .venv/bin/python -m batchwire.benchmarks.offline.pipeline \
         --num-requests 16 --repeats 1
 """
 
@@ -17,7 +17,7 @@ import statistics
 import time
 
 import psutil
-from batchwire.benchmarks.workloads import w64
+from batchwire.benchmarks.shared.workloads import w64
 
 
 def rank_processes(llm) -> list[psutil.Process]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from batchwire.benchmarks.machine import machine_info
-from batchwire.benchmarks.prefix_caching import compare
-from batchwire.benchmarks.report import Report, bars, fmt, spread
-from batchwire.benchmarks.workloads import shared_prefix, w64
+from batchwire.benchmarks.offline.prefix_caching import compare
+from batchwire.benchmarks.shared.machine import machine_info
+from batchwire.benchmarks.shared.report import Report, bars, fmt, spread
+from batchwire.benchmarks.shared.workloads import shared_prefix, w64
 from tqdm import tqdm
 
 

@@ -5,7 +5,7 @@
 2. A workload with no shared prefix (the first 32 W64 prompts, 32 output tokens each): total
    time, where caching can only cost (hashing, bookkeeping); the aim is under 2%.
 
-    .venv/bin/python -m batchwire.benchmarks.prefix_caching --repeats 3
+    .venv/bin/python -m batchwire.benchmarks.offline.prefix_caching --repeats 3
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import argparse
 import statistics
 import time
 
-from batchwire.benchmarks.workloads import shared_prefix, w64
+from batchwire.benchmarks.shared.workloads import shared_prefix, w64
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.sampling_params import SamplingParams

@@ -15,9 +15,9 @@ import time
 from typing import Any
 
 import numpy as np
-from batchwire.benchmarks.machine import machine_info
-from batchwire.benchmarks.report import Report, bars, fmt, spread
-from batchwire.benchmarks.workloads import w64
+from batchwire.benchmarks.shared.machine import machine_info
+from batchwire.benchmarks.shared.report import Report, bars, fmt, spread
+from batchwire.benchmarks.shared.workloads import w64
 from tqdm import tqdm
 
 REPEATING = [

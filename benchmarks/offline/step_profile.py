@@ -5,13 +5,12 @@ sampling). Timing wrappers add a few microseconds per call, so the run is not on
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
 from typing import Any
 
 from batchwire import kernels
-from batchwire.benchmarks.offline_w64 import run_batchwire
-from batchwire.benchmarks.workloads import Workload
+from batchwire.benchmarks.offline.offline_w64 import run_batchwire
+from batchwire.benchmarks.shared.splits import Splits
+from batchwire.benchmarks.shared.workloads import Workload
 
 import worker_svc.model_runner as model_runner_module
 
@@ -26,42 +25,6 @@ PARTS = {
     "engine loop, other": "the rest of LLM.generate: the loop, the output processor (text, "
                           "stop strings), Python",
 }
-
-
-class Splits:
-    """Wraps callables with timers adding into `seconds[part]` while `enabled`; undo() puts them
-    back."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-        self.enabled = True
-        self._undo: list[tuple[Any, str, Any, bool]] = []
-
-    def wrap(self, owner: Any, name: str, part: str) -> None:
-        original = getattr(owner, name)
-        own = name in getattr(owner, "__dict__", {})
-        seconds = self.seconds
-        splits = self
-
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if not splits.enabled:
-                return original(*args, **kwargs)
-            t0 = time.perf_counter()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                seconds[part] += time.perf_counter() - t0
-
-        setattr(owner, name, timed)
-        self._undo.append((owner, name, original, own))
-
-    def undo(self) -> None:
-        for owner, name, original, own in reversed(self._undo):
-            if own:
-                setattr(owner, name, original)
-            else:
-                delattr(owner, name)  # the instance attribute shadowed the class's method
-        self._undo.clear()
 
 
 def profile_step(llm: Any, workload: Workload) -> dict[str, Any]:

@@ -6,7 +6,7 @@ the scheduler's CPU while the worker computes the forward pass, and costs a step
 does not hide. Printed: the median decode-step time of both batches, the median time inside
 get_grammar_bitmask, and the overhead. Only steps where all 32 requests decode are counted.
 
-    .venv/bin/python -m batchwire.benchmarks.structured_output --rounds 3
+    .venv/bin/python -m batchwire.benchmarks.offline.structured_output --rounds 3
 """
 
 from __future__ import annotations

@@ -15,13 +15,17 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from batchwire.benchmarks.cases import async_setting
-from batchwire.benchmarks.llamacpp_peer import load_llamacpp, run_llamacpp, skip_reason
-from batchwire.benchmarks.machine import machine_info, peak_matmul_flops
-from batchwire.benchmarks.offline_w64 import load_transformers, run_batchwire, run_transformers
-from batchwire.benchmarks.report import Report, bars, fmt, spread
-from batchwire.benchmarks.step_profile import PARTS, profile_step
-from batchwire.benchmarks.workloads import Workload, random_fixed, token_counts, w64
+from batchwire.benchmarks.offline.llamacpp_peer import load_llamacpp, run_llamacpp, skip_reason
+from batchwire.benchmarks.offline.offline_w64 import (
+    load_transformers,
+    run_batchwire,
+    run_transformers,
+)
+from batchwire.benchmarks.offline.step_profile import PARTS, profile_step
+from batchwire.benchmarks.shared.cases import async_setting
+from batchwire.benchmarks.shared.machine import machine_info, peak_matmul_flops
+from batchwire.benchmarks.shared.report import Report, bars, fmt, spread
+from batchwire.benchmarks.shared.workloads import Workload, random_fixed, token_counts, w64
 from tqdm import tqdm
 
 from scheduler_svc.executors.uni import UniProcExecutor

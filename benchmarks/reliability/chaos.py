@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from batchwire.benchmarks.machine import machine_info
-from batchwire.benchmarks.report import Report
-from batchwire.benchmarks.serve_process import ServeProcess
-from batchwire.benchmarks.workloads import HIGH_ID, LOW_ID
+from batchwire.benchmarks.shared.machine import machine_info
+from batchwire.benchmarks.shared.report import Report
+from batchwire.benchmarks.shared.serve_process import ServeProcess
+from batchwire.benchmarks.shared.workloads import HIGH_ID, LOW_ID
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
 ACTIONS = ("kill", "stop", "drain")
@@ -59,7 +59,7 @@ def quick(args: argparse.Namespace) -> None:
     args.requests = 64
     shared = str(Path(args.results) / ".tiny-model")
     if args.model == shared:  # --quick's model, with peaked logits: no near-tie to flip
-        from batchwire.benchmarks.tiny_model import tiny_model
+        from batchwire.benchmarks.shared.tiny_model import tiny_model
 
         args.model = tiny_model(Path(args.results) / ".tiny-model-peaked",
                                 initializer_range=0.3, tokenizer_from=shared)

@@ -20,11 +20,11 @@ from typing import Any
 
 import grpc
 import psutil
-from batchwire.benchmarks.latency import distribution
-from batchwire.benchmarks.machine import machine_info
-from batchwire.benchmarks.report import Report
-from batchwire.benchmarks.serve_process import ServeProcess
-from batchwire.benchmarks.workloads import HIGH_ID, LOW_ID
+from batchwire.benchmarks.serving.latency import distribution
+from batchwire.benchmarks.shared.machine import machine_info
+from batchwire.benchmarks.shared.report import Report
+from batchwire.benchmarks.shared.serve_process import ServeProcess
+from batchwire.benchmarks.shared.workloads import HIGH_ID, LOW_ID
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
 S = generate_pb2.SamplingParams

@@ -12,7 +12,7 @@ import itertools
 import statistics
 from collections.abc import Sequence
 
-from batchwire.benchmarks.load_generator import RequestRecord
+from batchwire.benchmarks.serving.request_record import RequestRecord
 
 PERCENTILES = (50, 90, 99)
 

@@ -5,24 +5,15 @@ max_concurrency in flight, each stream timed as it arrives."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import time
 
 import grpc
-from batchwire.benchmarks.workloads import Workload
+from batchwire.benchmarks.serving import openai_load
+from batchwire.benchmarks.serving.request_record import RequestRecord
+from batchwire.benchmarks.shared.workloads import Workload
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 from tqdm import tqdm
-
-
-@dataclasses.dataclass(slots=True)
-class RequestRecord:
-    prompt_len: int
-    sent: float = 0.0  # perf_counter when the request left (after waiting for a free slot)
-    chunk_times: list[float] = dataclasses.field(default_factory=list)  # a message with tokens
-    num_output_tokens: int = 0
-    finish_reason: str = ""
-    error: str = ""
 
 
 async def _one(stub, prompt: list[int], max_tokens: int, record: RequestRecord) -> None:
@@ -42,8 +33,6 @@ async def _one(stub, prompt: list[int], max_tokens: int, record: RequestRecord) 
 
 async def _run(address: str, workload: Workload, rate: float, max_concurrency: int,
                seed: int, desc: str, api: str) -> tuple[list[RequestRecord], float]:
-    from benchmarks import openai_load
-
     rng = random.Random(seed)
     slots = asyncio.Semaphore(max_concurrency)
     records = [RequestRecord(len(p)) for p, _ in workload]

@@ -10,7 +10,7 @@ import json
 import time
 from typing import Any
 
-from benchmarks.load_generator import RequestRecord
+from batchwire.benchmarks.serving.request_record import RequestRecord
 
 
 def session() -> Any:

@@ -13,12 +13,12 @@ import argparse
 import statistics
 from typing import Any
 
-from batchwire.benchmarks.latency import PERCENTILES, serving_metrics
-from batchwire.benchmarks.load_generator import generate_load
-from batchwire.benchmarks.machine import machine_info
-from batchwire.benchmarks.report import Report
-from batchwire.benchmarks.serve_process import ServeProcess
-from batchwire.benchmarks.workloads import random_fixed
+from batchwire.benchmarks.serving.latency import PERCENTILES, serving_metrics
+from batchwire.benchmarks.serving.load_generator import generate_load
+from batchwire.benchmarks.shared.machine import machine_info
+from batchwire.benchmarks.shared.report import Report
+from batchwire.benchmarks.shared.serve_process import ServeProcess
+from batchwire.benchmarks.shared.workloads import random_fixed
 
 METRICS = {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "itl_ms": "ITL", "e2e_ms": "E2E"}
 

@@ -1,6 +1,6 @@
 """Prints the tables of a results folder's JSON files as Markdown, for docs/performance.md:
 
-    .venv/bin/python -m batchwire.benchmarks.markdown bench-results
+    .venv/bin/python -m batchwire.benchmarks.shared.markdown bench-results
 """
 
 from __future__ import annotations
