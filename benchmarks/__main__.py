@@ -24,15 +24,25 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-BENCHMARKS = {  # name -> one line of help; each is a module of this package
-    "throughput": "offline tokens/s on each transport against transformers and llama.cpp",
-    "serve": "a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency",
-    "step": "CPU cost per step: persistent batch vs rebuild, schedule(), each transport",
-    "prefix": "a shared 512-token prefix with prefix caching on and off",
-    "spec": "speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64",
-    "soak": "a mixed load for --minutes: RSS, open fds, KV blocks and latency over time",
-    "overhead": "the engine's own time per decode step on a near-zero-cost model, by transport",
-    "chaos": "workers killed, frozen and drained in turn under load: every request intact",
+# `batchwire bench NAME` -> the module that runs it (under batchwire.benchmarks) and one line of
+# help; `all` runs them in this order. A new benchmark is one line here: its module has
+# add_arguments(parser), quick(args) and run(args).
+BENCHMARKS = {
+    "throughput": ("offline.throughput",
+                   "offline tokens/s on each transport against transformers and llama.cpp"),
+    "serve": ("serving.serve",
+              "a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency"),
+    "step": ("engine.step",
+             "CPU cost per step: persistent batch vs rebuild, schedule(), each transport"),
+    "prefix": ("offline.prefix", "a shared 512-token prefix with prefix caching on and off"),
+    "spec": ("offline.spec",
+             "speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64"),
+    "soak": ("reliability.soak",
+             "a mixed load for --minutes: RSS, open fds, KV blocks and latency over time"),
+    "overhead": ("engine.overhead",
+                 "the engine's own time per decode step on a near-zero-cost model, by transport"),
+    "chaos": ("reliability.chaos",
+              "workers killed, frozen and drained in turn under load: every request intact"),
 }
 
 
@@ -55,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="benchmark", required=True)
     for name in BENCHMARKS:
         module = _module(name)
-        p = sub.add_parser(name, parents=[common], help=BENCHMARKS[name],
+        p = sub.add_parser(name, parents=[common], help=BENCHMARKS[name][1],
                            description=module.__doc__)
         module.add_arguments(p)
     sub.add_parser("all", parents=[common], help="every benchmark, with its defaults")
@@ -63,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _module(name: str):
-    return importlib.import_module(f"batchwire.benchmarks.{name}")
+    return importlib.import_module(f"batchwire.benchmarks.{BENCHMARKS[name][0]}")
 
 
 def _unwind(signum: int, frame: object) -> None:
@@ -76,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a signal to this one's does not reach.
     signal.signal(signal.SIGTERM, _unwind)
     args = build_parser().parse_args(argv)
-    from batchwire.benchmarks.machine import set_threads
+    from batchwire.benchmarks.shared.machine import set_threads
 
     set_threads(args.threads)
     every = args.benchmark == "all"
@@ -88,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.quick:
             args.repeats = min(args.repeats, 2)
             if args.model is None:
-                from batchwire.benchmarks.tiny_model import tiny_model
+                from batchwire.benchmarks.shared.tiny_model import tiny_model
 
                 args.model = tiny_model(Path(args.results) / ".tiny-model")
             module.quick(args)

@@ -30,9 +30,11 @@ for module in (batchwire, batchwire.kernels, batchwire.benchmarks, batchwire.com
     assert module.__file__.startswith(site), module.__file__
 from batchwire import LLM, SamplingParams
 from batchwire.kernels import AttentionMetadata
-from batchwire.benchmarks.workloads import w64
-from batchwire.benchmarks.__main__ import _module  # how `batchwire bench` finds each one
-assert _module("workloads").__name__ == "batchwire.benchmarks.workloads"
+from batchwire.benchmarks.shared.workloads import w64
+from batchwire.benchmarks.__main__ import BENCHMARKS  # how `batchwire bench` finds each one
+for name, (module, _) in BENCHMARKS.items():  # its sub-packages are in the wheel too
+    assert importlib.util.find_spec(f"batchwire.benchmarks.{module}"), name
+assert importlib.util.find_spec("batchwire.benchmarks.gpu.kernels_gpu")  # a script, not one
 print("top-level:", sorted(n for n in os.listdir(site) if not n.endswith((".pth", ".py"))))
 print("kernels spec:", importlib.util.find_spec("kernels"))
 print("benchmarks spec:", importlib.util.find_spec("benchmarks"))

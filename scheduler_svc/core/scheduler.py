@@ -8,7 +8,7 @@ recomputed from scratch.
 
 schedule() builds the protobuf SchedulerOutput directly (scheduler_output.py): it is the edge
 where the decision leaves this process, and building it there saves a second pass over the batch
-(measured in benchmarks/scheduler_step.py).
+(measured in benchmarks/engine/scheduler_step.py).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from batchwire.benchmarks.report import QUICK_NOTICE, Report, bars, spread
+from batchwire.benchmarks.shared.report import QUICK_NOTICE, Report, bars, spread
 
 MACHINE = {"cpu": "test cpu", "cores": 2, "torch": "2.13.0", "dtype": "float32",
            "torch_threads": 1}

@@ -1,0 +1,2 @@
+"""Scripts for a CUDA machine: the Triton kernels (kernels_gpu.py) and the worker on the GPU
+(worker_gpu.py)."""

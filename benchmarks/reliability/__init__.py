@@ -1,0 +1,1 @@
+"""Long and hostile runs against a server: `batchwire bench soak` and `chaos`."""
