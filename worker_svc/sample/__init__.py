@@ -1,0 +1,1 @@
+"""Sampling a step's tokens from its logits: shaping, the sampler, its metadata, the reply's wire."""
