@@ -34,7 +34,7 @@ from batchwire.common.worker_config import WorkerConfig  # noqa: E402
 
 from tests.parity import assert_greedy_parity, hf_greedy  # noqa: E402
 from tests.worker.step_driver import StepDriver, greedy  # noqa: E402
-from worker_svc.worker import Worker  # noqa: E402
+from worker_svc.runner.worker import Worker  # noqa: E402
 
 TINY = dict(
     vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from worker_svc.models.config import ModelConfig
+from worker_svc.model_config import ModelConfig
 
 
 def split_range(n: int, rank: int, size: int) -> tuple[int, int]:
