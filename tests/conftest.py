@@ -85,7 +85,7 @@ def default_worker():
     """The real default model in a float32 worker (the parity tests' dtype)."""
     from batchwire.common.worker_config import WorkerConfig
 
-    from worker_svc.worker import Worker
+    from worker_svc.runner.worker import Worker
 
     return Worker(
         WorkerConfig(

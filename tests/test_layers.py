@@ -1,7 +1,8 @@
-"""The scheduler service's layers, checked from its source: every import statement (at the top of a
-module or inside a function) is parsed, and the graph they make must have no cycle, no arrow from
-a lower layer to a higher one, and no path to torch or worker_svc except through the in-process
-executor. docs/architecture.md draws the same map."""
+"""The two services' layers, checked from their source: every import statement (at the top of a
+module or inside a function) is parsed, and the graph each service's imports make must have no
+cycle and no arrow from a lower layer to a higher one (nor between two peers of one layer). The
+scheduler reaches torch or worker_svc only through the in-process executor; the worker never
+imports the scheduler. docs/architecture.md draws the same maps."""
 
 from __future__ import annotations
 
@@ -20,6 +21,22 @@ LAYERS = {
     "service": 3,
     "cli": 4,
     "__init__": 5,  # the package's front door: LLM, SamplingParams
+}
+# The worker's layers: what a step needs is below what runs it, which is below what serves it.
+# parallel/ and sample/ are peers, as are models/ and batch/, and loaders/, spec_decode/, pooling/.
+WORKER_LAYERS = {
+    "model_config": 0,  # an architecture's shape, read from config.json or GGUF metadata
+    "parallel": 1,  # tensor-parallel shards, pipeline stages
+    "sample": 1,  # logits shaping, the sampler, its metadata, the sampled tokens' wire
+    "models": 2,  # the model code and the step's attention context it reads
+    "batch": 2,  # the persistent batch, block table, host staging, the step's checks
+    "loaders": 3,  # weights from GGUF or safetensors into a model
+    "spec_decode": 3,  # a verifying step's layout, rejection sampling, its reply
+    "pooling": 3,  # embeddings from final hidden states
+    "runner": 4,  # ModelRunner (ExecuteModel, SampleTokens), prompt logprobs, Worker
+    "server": 5,  # gRPC and ZMQ servers, servicer, registration, group launcher, options
+    "__main__": 6,  # python -m worker_svc
+    "__init__": 6,
 }
 HEAVY = ("torch", "worker_svc")  # what a scheduler driving remote workers must never load
 ALLOWED_HEAVY = {"scheduler_svc.executors.uni"}  # builds the in-process worker
@@ -50,6 +67,7 @@ def graph(package: str, folder: pathlib.Path) -> dict[str, set[str]]:
 
 
 SCHEDULER = graph("scheduler_svc", ROOT / "scheduler_svc")
+WORKER = graph("worker_svc", ROOT / "worker_svc")
 COMMON = graph("batchwire.common", ROOT / "common")
 
 
@@ -58,20 +76,21 @@ def layer(module: str) -> str:
     return parts[1] if len(parts) > 1 else "__init__"
 
 
-def test_no_arrow_goes_up_a_layer():
+def upward_arrows(imports: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Every arrow into a higher layer, or across to another folder of the same layer."""
     wrong = []
-    for module, imported in SCHEDULER.items():
+    for module, imported in imports.items():
         for target in imported:
-            if target in SCHEDULER and target != module:
+            if target in imports and target != module:
                 a, b = layer(module), layer(target)
-                if a != b and (LAYERS[b] > LAYERS[a] or LAYERS[b] == LAYERS[a]):
+                if a != b and layers[b] >= layers[a]:
                     wrong.append(f"{module} ({a}) imports {target} ({b})")
-    assert not wrong, "\n".join(sorted(wrong))
+    return sorted(wrong)
 
 
-def test_the_import_graph_has_no_cycle():
-    edges = {m: {t for t in imported if t in SCHEDULER and t != m}
-             for m, imported in SCHEDULER.items()}
+def a_cycle(imports: dict[str, set[str]]) -> list[str]:
+    """One import cycle between modules (empty when there is none)."""
+    edges = {m: {t for t in names if t in imports and t != m} for m, names in imports.items()}
     # A package's __init__ may re-export its modules; only module-to-module arrows count.
     edges = {m: {t for t in ts if not m.startswith(t + ".")} for m, ts in edges.items()}
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
@@ -91,7 +110,15 @@ def test_the_import_graph_has_no_cycle():
     for m in sorted(edges):
         if m not in state and visit(m, [m]):
             break
-    assert not cycle, " -> ".join(cycle)
+    return cycle
+
+
+def test_no_arrow_goes_up_a_layer():
+    assert not (wrong := upward_arrows(SCHEDULER, LAYERS)), "\n".join(wrong)
+
+
+def test_the_import_graph_has_no_cycle():
+    assert not (cycle := a_cycle(SCHEDULER)), " -> ".join(cycle)
 
 
 def heavy(names: set[str]) -> set[str]:
@@ -101,7 +128,9 @@ def heavy(names: set[str]) -> set[str]:
 def test_only_the_in_process_executor_reaches_torch_or_the_worker():
     reached = {m: heavy(names) for m, names in SCHEDULER.items() if m not in ALLOWED_HEAVY}
     assert {m: h for m, h in reached.items() if h} == {}
-    assert {n.split(".")[1] for n in heavy(SCHEDULER["scheduler_svc.executors.uni"])} == {"worker"}
+    uni = heavy(SCHEDULER["scheduler_svc.executors.uni"])
+    assert {n for n in uni if n.startswith("worker_svc")} == {
+        "worker_svc.runner.worker", "worker_svc.runner.worker.Worker"}
 
 
 def test_what_both_services_share_imports_neither_service_nor_torch():
@@ -112,3 +141,30 @@ def test_what_both_services_share_imports_neither_service_nor_torch():
 
 def test_every_scheduler_module_is_in_a_known_layer():
     assert {layer(m) for m in SCHEDULER} <= set(LAYERS)
+
+
+def test_no_worker_arrow_goes_up_a_layer():
+    assert not (wrong := upward_arrows(WORKER, WORKER_LAYERS)), "\n".join(wrong)
+
+
+def test_the_worker_import_graph_has_no_cycle():
+    assert not (cycle := a_cycle(WORKER)), " -> ".join(cycle)
+
+
+def test_the_worker_never_imports_the_scheduler():
+    reached = {m: {n for n in names if n.split(".")[0] == "scheduler_svc"}
+               for m, names in WORKER.items()}
+    assert {m: names for m, names in reached.items() if names} == {}
+
+
+def test_every_worker_module_is_in_a_known_layer():
+    assert {layer(m) for m in WORKER} <= set(WORKER_LAYERS)
+
+
+def test_the_rules_catch_an_arrow_up_and_a_cycle():
+    """The checks themselves: a sampler that imported the runner would be both."""
+    broken = {**WORKER, "worker_svc.sample.sampler": WORKER["worker_svc.sample.sampler"]
+              | {"worker_svc.runner.model_runner"}}
+    assert upward_arrows(broken, WORKER_LAYERS) == [
+        "worker_svc.sample.sampler (sample) imports worker_svc.runner.model_runner (runner)"]
+    assert a_cycle(broken)[0] == a_cycle(broken)[-1]

@@ -38,7 +38,7 @@ def profile_parts(engine: Any, run: Callable[[Splits], list[float]],
     """ms per step of each part over the timed steps of run(splits), which turns the timers on
     (splits.enabled) around its timed steps only and returns their times (ms); with a remote
     worker, `remote` is what run() times the waits on the worker with."""
-    import worker_svc.model_runner as model_runner_module
+    import worker_svc.runner.model_runner as model_runner_module
 
     scheduler = engine.scheduler
     splits = Splits()

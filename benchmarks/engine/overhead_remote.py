@@ -21,7 +21,7 @@ from scheduler_svc.executors.zmq_executor import ZmqExecutor
 
 ASYNC_AIM = 1.2  # issue 18: an async step within 20% of the larger of its engine and worker
 
-# The worker's handler histograms (worker_svc/metrics.py), summed: its busy time per step.
+# The worker's handler histograms (worker_svc/server/metrics.py), summed: its busy time per step.
 WORKER_HISTOGRAMS = ("batchwire_worker_execute_model_seconds",
                      "batchwire_worker_sample_tokens_seconds")
 

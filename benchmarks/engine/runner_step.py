@@ -17,9 +17,9 @@ import transformers
 from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2 as pb
 
-from worker_svc.model_runner import ModelRunner
-from worker_svc.validation import CheckedStep
-from worker_svc.worker import Worker
+from worker_svc.batch.validation import CheckedStep
+from worker_svc.runner.model_runner import ModelRunner
+from worker_svc.runner.worker import Worker
 
 
 class RebuildingModelRunner(ModelRunner):

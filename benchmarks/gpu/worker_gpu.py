@@ -6,7 +6,7 @@
    through the real ModelRunner on CUDA in float32 with the Triton kernels, driven by hand-built
    SchedulerOutputs (chunked prefill, requests joining mid-run); their greedy tokens must equal
    transformers' on the CPU, up to the near-tie rule of tests/parity.py.
-2. The staging of a step's inputs (worker_svc/staging.py): the runner's host input buffers are
+2. The staging of a step's inputs (worker_svc/batch/staging.py): the runner's host input buffers are
    pinned, every host-to-device copy of a step is non_blocking, and the greedy tokens of a run of
    a few hundred steps, the next step's inputs written while the last step's copies may still be
    in flight (fenced by the input event), equal those of a run that synchronizes after every copy.
@@ -34,7 +34,7 @@ from batchwire.common.worker_config import WorkerConfig  # noqa: E402
 
 from tests.parity import assert_greedy_parity, hf_greedy  # noqa: E402
 from tests.worker.step_driver import StepDriver, greedy  # noqa: E402
-from worker_svc.worker import Worker  # noqa: E402
+from worker_svc.runner.worker import Worker  # noqa: E402
 
 TINY = dict(
     vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,

@@ -57,7 +57,7 @@ def compare(shared: list[list[int]], distinct: list[list[int]], max_tokens: int,
     configs = {on: SchedulerConfig(model=model, dtype=dtype, max_num_seqs=64,
                                    max_model_len=longest, max_num_batched_tokens=2048,
                                    enable_prefix_caching=on) for on in (True, False)}
-    from worker_svc.worker import Worker
+    from worker_svc.runner.worker import Worker
 
     worker = Worker(configs[True].worker_config())  # one model, both engines
 

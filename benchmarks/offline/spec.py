@@ -48,7 +48,7 @@ def quick(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> None:
     from scheduler_svc.config import SchedulerConfig
     from scheduler_svc.core.tokenizer import load_tokenizer
-    from worker_svc.worker import Worker
+    from worker_svc.runner.worker import Worker
 
     ks = [int(k) for k in args.ks.split(",") if k]
     # Prefix caching off: a repeat would reuse the last one's prefill. A small pool for the

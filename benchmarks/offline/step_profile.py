@@ -12,7 +12,7 @@ from batchwire.benchmarks.offline.offline_w64 import run_batchwire
 from batchwire.benchmarks.shared.splits import Splits
 from batchwire.benchmarks.shared.workloads import Workload
 
-import worker_svc.model_runner as model_runner_module
+import worker_svc.runner.model_runner as model_runner_module
 
 # Part of the step -> what a reader of the table should take it to mean.
 PARTS = {

@@ -18,11 +18,11 @@ import argparse
 import dataclasses
 import importlib
 import logging
-import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from batchwire.common.env_options import env_bool, env_default, env_flag, env_name
 from batchwire.common.ports import PortInUseError
 from batchwire.common.sizes import byte_size, format_size
 from batchwire.common.worker_config import POOLING_TYPES, TASKS
@@ -36,34 +36,19 @@ from scheduler_svc.cli.client_commands import (
 from scheduler_svc.config import POLICIES, SchedulerConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("0", "false", "no", "off")
-
-
-def _env_name(flag: str) -> str:
-    return "BATCHWIRE_" + flag.lstrip("-").replace("-", "_").upper()
 
 
 def _option(group: Any, flag: str, default: Any, help: str, type: Callable = str,
             **kwargs: Any) -> None:
     """An option whose default comes from BATCHWIRE_<OPTION> when that is set."""
-    env = _env_name(flag)
-    value = os.environ.get(env)
     shown = format_size(default) if type is byte_size and default else "%(default)s"
-    group.add_argument(flag, type=type, default=default if value is None else value,
-                       help=f"{help} [{env}; default: {shown}]", **kwargs)
-
-
-def _env_bool(env: str) -> bool | None:
-    """A tri-state flag's default from its variable: None (the flag's own default) when unset."""
-    value = os.environ.get(env, "").lower()
-    return True if value in _TRUE else False if value in _FALSE else None
+    group.add_argument(flag, type=type, default=env_default(flag, default),
+                       help=f"{help} [{env_name(flag)}; default: {shown}]", **kwargs)
 
 
 def _flag(group: Any, flag: str, help: str) -> None:
-    env = _env_name(flag)
     group.add_argument(flag, action="store_true",
-                       default=_env_bool(env) is True, help=f"{help} [{env}=1]")
+                       default=env_flag(flag), help=f"{help} [{env_name(flag)}=1]")
 
 
 # Options of the scheduler service, shared by serve and scheduler.
@@ -115,9 +100,9 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
             "stood (0 = fail at once)", type=float)
     _flag(g, "--no-prefix-caching", "do not reuse the KV cache of shared prompt prefixes")
     _flag(g, "--no-chunked-prefill", "run every prompt in one step")
-    env = _env_name("--async-scheduling")
+    env = env_name("--async-scheduling")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
-                   default=_env_bool(env),
+                   default=env_bool("--async-scheduling"),
                    help="schedule each step while the worker computes the one before (default: "
                    "on for workers in processes of their own without speculative decoding, "
                    f"where it pays; off in process) [{env}=1 or 0]")
@@ -152,7 +137,7 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
     _option(g, "--pooling-type", _DEFAULTS["pooling_type"], "how an embedding is pooled from "
             "the final hidden states", choices=POOLING_TYPES)
     g.add_argument("--normalize", action=argparse.BooleanOptionalAction,
-                   default=os.environ.get(_env_name("--normalize"), "1").lower() in _TRUE,
+                   default=env_flag("--normalize", default=True),
                    help="L2-normalise embeddings [BATCHWIRE_NORMALIZE; default: on]")
     _option(g, "--pipeline-parallel-size", _DEFAULTS["pipeline_parallel_size"],
             "pipeline stages per worker group, each of --tensor-parallel-size processes",
@@ -168,9 +153,9 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     _option(g, "--http-port", 8000, "OpenAI-compatible HTTP API port (/v1/completions, "
             "/v1/chat/completions, ...; 0 = any free port)", type=int)
     _flag(g, "--no-http", "serve no HTTP API")
-    env = _env_name("--served-model-name")
+    env = env_name("--served-model-name")
     g.add_argument("--served-model-name", nargs="+", metavar="NAME",
-                   default=os.environ.get(env, "").split(),
+                   default=env_default("--served-model-name", "").split(),
                    help="the names /v1/models lists and requests' `model` may use, the first "
                    f"reported back [{env}, space-separated; default: the model's name]")
     _option(g, "--ready-file", None, "write the bound ports here as JSON once bound")
@@ -370,9 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(scheduler)
     w = scheduler.add_argument_group("workers")
     _option(w, "--transport", "zmq", "how to reach the workers", choices=("grpc", "zmq"))
-    env = _env_name("--worker-addresses")
+    env = env_name("--worker-addresses")
     w.add_argument("--worker-addresses", nargs="+", metavar="GROUP",
-                   default=os.environ.get(env, "").replace(";", " ").split(),
+                   default=env_default("--worker-addresses", "").replace(";", " ").split(),
                    help="one worker group per argument: its ranks' host:port on the transport's "
                    f"port, comma-separated in rank order [{env}, groups separated by spaces]")
     _option(w, "--discover-workers", None, "Kubernetes: drive the worker pods this label "

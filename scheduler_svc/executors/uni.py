@@ -23,7 +23,7 @@ class UniProcExecutor(Executor):
                 raise ValueError("the uni executor runs one worker in this process; a parallel "
                                  f"group ({config.world_size} ranks) needs the zmq or grpc "
                                  "executor")
-            from worker_svc.worker import Worker  # loads torch and the model: only when used
+            from worker_svc.runner.worker import Worker  # loads torch and the model: only when used
 
             worker = Worker(config.worker_config())
         self.worker = worker

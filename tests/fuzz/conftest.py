@@ -16,7 +16,7 @@ def fuzz_workers(tmp_path_factory, tiny_llama):
     by side."""
     from batchwire.common.worker_config import WorkerConfig
 
-    from worker_svc.worker import Worker
+    from worker_svc.runner.worker import Worker
 
     threads, env = torch.get_num_threads(), os.environ.get("OMP_NUM_THREADS")
     torch.set_num_threads(1)  # the reference worker in this process too

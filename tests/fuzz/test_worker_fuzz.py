@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
 from tests.services.conftest import WireClient
-from worker_svc.worker import Worker
+from worker_svc.runner.worker import Worker
 
 from .scheduler_model import SchedulerModel, StepPlan
 from .worker_messages import (

@@ -1,4 +1,4 @@
-"""A deterministic stand-in for worker_svc.worker.Worker, fast enough for property tests.
+"""A deterministic stand-in for worker_svc.runner.worker.Worker, fast enough for property tests.
 
 It speaks the same two-call protocol on the same protobuf messages and keeps its own copy of each
 request's tokens, as the real worker does. Its "KV cache" is one (position, token) pair per slot,

@@ -14,7 +14,7 @@ from scheduler_svc import LLM, SamplingParams
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.executors.uni import UniProcExecutor
-from worker_svc.worker import Worker
+from worker_svc.runner.worker import Worker
 
 from .conftest import ByteTokenizer
 

@@ -13,7 +13,7 @@ import pytest
 from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2 as pb
 
-from worker_svc.worker import Worker
+from worker_svc.runner.worker import Worker
 
 from .conftest import LIMITS, WireClient
 from .test_worker_protocol import DECODE_STEPS, decode_step, prefill_step, tokens_of

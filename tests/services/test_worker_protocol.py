@@ -13,7 +13,7 @@ from batchwire.v1 import worker_pb2 as pb
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from worker_svc.worker import Worker
+from worker_svc.runner.worker import Worker
 
 from .conftest import LIMITS, WireClient
 

@@ -7,7 +7,7 @@ import torch
 import transformers
 from batchwire.common.worker_config import WorkerConfig
 
-from worker_svc.worker import Worker
+from worker_svc.runner.worker import Worker
 
 TINY = dict(
     vocab_size=512,

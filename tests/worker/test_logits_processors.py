@@ -6,8 +6,8 @@ import torch
 from batchwire.v1 import worker_pb2
 
 from tests.worker.test_sampler import metadata, params, seeded
-from worker_svc.logits_processors import build_logit_shaping
-from worker_svc.sampler import Sampler
+from worker_svc.sample.logits_processors import build_logit_shaping
+from worker_svc.sample.sampler import Sampler
 
 VOCAB = 8
 

@@ -7,7 +7,7 @@ import pytest
 from batchwire.v1 import worker_pb2 as pb
 
 from tests.worker.step_driver import StepDriver, greedy
-from worker_svc.validation import InvalidStepError
+from worker_svc.batch.validation import InvalidStepError
 
 
 def new_req(req_id, prompt, blocks, computed, scheduled, sampling=None):

@@ -95,8 +95,8 @@ def run_rank(model, rank, pp, tp, init_method, results):
     import torch
     from batchwire.common.worker_config import WorkerConfig
 
+    from worker_svc.runner.worker import Worker
     from worker_svc.server.servicer import WorkerCallError, WorkerServicer
-    from worker_svc.worker import Worker
 
     torch.set_num_threads(1)  # up to four ranks share the machine's cores
     config = WorkerConfig(

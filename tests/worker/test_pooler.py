@@ -19,9 +19,9 @@ from batchwire.v1 import worker_pb2 as pb
 
 from tests.worker.conftest import tiny_worker
 from tests.worker.step_driver import StepDriver
-from worker_svc.model_runner import ModelRunner
-from worker_svc.validation import InvalidStepError
-from worker_svc.worker import Worker
+from worker_svc.batch.validation import InvalidStepError
+from worker_svc.runner.model_runner import ModelRunner
+from worker_svc.runner.worker import Worker
 
 TINY_INPUTS = {"short": [7, 3, 11], "mid": list(range(40, 61)), "long": list(range(100, 170))}
 

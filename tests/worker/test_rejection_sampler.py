@@ -9,10 +9,10 @@ import pytest
 import torch
 from batchwire.v1 import worker_pb2 as pb
 
-from worker_svc.rejection_sampler import RejectionSampler
-from worker_svc.sampler import Sampler
-from worker_svc.sampling_metadata import build_sampling_metadata
-from worker_svc.spec_decode_metadata import build_spec_decode_metadata
+from worker_svc.sample.sampler import Sampler
+from worker_svc.sample.sampling_metadata import build_sampling_metadata
+from worker_svc.spec_decode.metadata import build_spec_decode_metadata
+from worker_svc.spec_decode.rejection_sampler import RejectionSampler
 
 VOCAB = 6
 P0 = [0.5, 0.2, 0.15, 0.1, 0.05, 0.0]  # the target at a request's first verified position

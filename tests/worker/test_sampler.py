@@ -9,15 +9,15 @@ import pytest
 import torch
 from batchwire.v1 import worker_pb2
 
-from worker_svc import sampler as sampler_module
-from worker_svc.sampler import (
+from worker_svc.sample import sampler as sampler_module
+from worker_svc.sample.sampler import (
     Sampler,
     apply_min_p,
     apply_penalties,
     apply_top_k_top_p,
     row_argmax,
 )
-from worker_svc.sampling_metadata import SamplingMetadata, build_sampling_metadata
+from worker_svc.sample.sampling_metadata import SamplingMetadata, build_sampling_metadata
 
 
 def params(**fields) -> worker_pb2.RequestSamplingParams:

@@ -13,7 +13,7 @@ from tests.parity import assert_greedy_parity, hf_greedy
 from tests.worker.conftest import tiny_worker
 from tests.worker.step_driver import DriverRequest, StepDriver, greedy
 from tests.worker.test_model_runner import new_req, prompt, run_step, step
-from worker_svc.validation import InvalidStepError
+from worker_svc.batch.validation import InvalidStepError
 
 K = 3  # drafts per request and step
 
@@ -312,7 +312,7 @@ def drive_tp_prompts(worker, propose=None):
 def run_rank_with_drafts(model, rank, size, init_method, expected, results):
     from batchwire.common.worker_config import WorkerConfig
 
-    from worker_svc.worker import Worker
+    from worker_svc.runner.worker import Worker
 
     worker = Worker(WorkerConfig(
         model=model, dtype="float32", kv_cache_memory_bytes=16 << 20, max_num_reqs=8,

@@ -21,7 +21,7 @@ def free_port() -> int:
 def run_rank(model, rank, size, init_method, max_tokens, results):
     from batchwire.common.worker_config import WorkerConfig
 
-    from worker_svc.worker import Worker
+    from worker_svc.runner.worker import Worker
 
     worker = Worker(WorkerConfig(
         model=model, dtype="float32", kv_cache_memory_bytes=16 << 20, max_num_reqs=8,

@@ -10,9 +10,9 @@ import random
 import pytest
 from batchwire.v1 import worker_pb2 as pb
 
-import worker_svc.validation as validation
-from worker_svc.input_batch import CachedRequestState
-from worker_svc.validation import InvalidStepError, StepLimits, validate_scheduler_output
+import worker_svc.batch.validation as validation
+from worker_svc.batch.input_batch import CachedRequestState
+from worker_svc.batch.validation import InvalidStepError, StepLimits, validate_scheduler_output
 
 LIMITS = StepLimits(vocab_size=512, num_blocks=400, block_size=16, max_model_len=96,
                     max_num_reqs=64, max_num_batched_tokens=256, max_logprobs=5)

@@ -9,7 +9,7 @@ import pytest
 from batchwire.common.sizes import byte_size, format_size
 from batchwire.common.worker_config import WorkerConfig
 
-from worker_svc.__main__ import build_parser, worker_config
+from worker_svc.server.options import build_parser, worker_config
 
 
 def test_the_argv_round_trip_gives_back_the_same_config():
@@ -45,3 +45,33 @@ def test_bad_sizes_are_refused_naming_the_text(text):
 def test_sizes_print_in_their_shortest_exact_form():
     assert [format_size(n) for n in (1 << 30, 512 << 20, 1536, 1 << 40)] == [
         "1G", "512M", "1536", "1T"]
+
+
+def test_options_come_from_batchwire_variables_and_a_flag_wins(monkeypatch):
+    for name, value in {"BATCHWIRE_PORT": "50099", "BATCHWIRE_KV_CACHE_MEMORY": "2G",
+                        "BATCHWIRE_BLOCK_SIZE": "32", "BATCHWIRE_NORMALIZE": "off",
+                        "BATCHWIRE_NO_ZMQ": "yes", "BATCHWIRE_RANK": "1",
+                        "BATCHWIRE_SCHEDULER_TLS_CA": "/ca.pem"}.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args([])
+    assert (args.port, args.kv_cache_memory, args.block_size, args.rank) == (50099, 2 << 30, 32, 1)
+    assert (args.normalize, args.no_zmq, args.scheduler_tls_ca) == (False, True, "/ca.pem")
+    args = build_parser().parse_args(["--port", "7", "--normalize", "--block-size", "8"])
+    assert (args.port, args.normalize, args.block_size) == (7, True, 8)
+
+
+def test_a_bad_variable_is_refused_naming_its_option(monkeypatch, capsys):
+    monkeypatch.setenv("BATCHWIRE_MAX_NUM_REQS", "many")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([])
+    assert "argument --max-num-reqs: invalid int value: 'many'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, on", [("1", True), ("TRUE", True), ("On", True), ("0", False),
+                                       ("no", False), ("", False), ("maybe", False)])
+def test_the_worker_and_the_scheduler_read_a_yes_no_variable_alike(monkeypatch, value, on):
+    from scheduler_svc.cli.commands import build_parser as scheduler_parser
+
+    monkeypatch.setenv("BATCHWIRE_NORMALIZE", value)
+    assert build_parser().parse_args([]).normalize is on
+    assert scheduler_parser().parse_args(["serve"]).normalize is on

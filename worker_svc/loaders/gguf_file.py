@@ -13,7 +13,7 @@ import gguf
 import numpy as np
 import torch
 
-from worker_svc.models.config import ModelConfig
+from worker_svc.model_config import ModelConfig
 
 _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import torch
 from safetensors import safe_open
 
-from worker_svc.models.config import ModelConfig
+from worker_svc.model_config import ModelConfig
 
 
 def read_config(path: str) -> ModelConfig:

@@ -9,11 +9,11 @@ import gguf
 import torch
 
 from worker_svc.loaders import gguf_file, hf_checkpoint
-from worker_svc.models.config import ModelConfig
+from worker_svc.model_config import ModelConfig
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.models.packed_linear import pack_linears, packing_available
-from worker_svc.parallel import TensorParallel
-from worker_svc.pipeline import PipelineStage
+from worker_svc.parallel.pipeline import PipelineStage
+from worker_svc.parallel.tensor_parallel import TensorParallel
 
 # Hugging Face projections that the model holds fused: (fused name, position in the fusion).
 _FUSED = {

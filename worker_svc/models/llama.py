@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from batchwire import kernels
 from torch import nn
 
-from worker_svc.forward_context import get_attention_metadata
-from worker_svc.models.config import ModelConfig
+from worker_svc.model_config import ModelConfig
+from worker_svc.models.forward_context import get_attention_metadata
 from worker_svc.models.rotary import cos_sin_cache
-from worker_svc.parallel import ShardPlan, TensorParallel
-from worker_svc.pipeline import IntermediateTensors, PipelineStage
+from worker_svc.parallel.pipeline import IntermediateTensors, PipelineStage
+from worker_svc.parallel.tensor_parallel import ShardPlan, TensorParallel
 
 
 class RMSNorm(nn.Module):

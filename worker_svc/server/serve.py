@@ -22,8 +22,8 @@ from batchwire.common.ports import PortRequest, check_free
 from batchwire.common.tls import ServerTls
 from batchwire.common.worker_config import WorkerConfig
 
-from worker_svc.metrics import WorkerMetrics
 from worker_svc.server.grpc_server import GrpcWorkerServer
+from worker_svc.server.metrics import WorkerMetrics
 from worker_svc.server.registration import Registration, SchedulerLink
 from worker_svc.server.servicer import WorkerServicer
 from worker_svc.server.zmq_server import ZmqWorkerServer
@@ -116,7 +116,7 @@ async def serve(
     registration = None
     try:
         if worker_factory is None:
-            from worker_svc.worker import Worker  # loads torch: only in a worker process
+            from worker_svc.runner.worker import Worker  # loads torch: only in a worker process
 
             worker_factory = Worker
         load = loop.run_in_executor(model_thread, worker_factory, config)

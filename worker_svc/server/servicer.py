@@ -24,8 +24,8 @@ from batchwire.common.key_file import WorkerToken
 from batchwire.v1 import worker_pb2
 from google.protobuf.message import DecodeError, Message
 
-from worker_svc.metrics import WorkerMetrics
-from worker_svc.validation import InvalidStepError
+from worker_svc.batch.validation import InvalidStepError
+from worker_svc.server.metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 

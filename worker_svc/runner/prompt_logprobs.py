@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from batchwire.v1 import worker_pb2
 
-from worker_svc.input_batch import CachedRequestState
+from worker_svc.batch.input_batch import CachedRequestState
 
 
 def compute_prompt_logprobs(

@@ -8,8 +8,8 @@ import itertools
 import numpy as np
 import torch
 
-from worker_svc.logits_processors import apply_logit_shaping
-from worker_svc.sampling_metadata import GREEDY_EPS, SamplingMetadata
+from worker_svc.sample.logits_processors import apply_logit_shaping
+from worker_svc.sample.sampling_metadata import GREEDY_EPS, SamplingMetadata
 
 # Largest logits a top-p row looks at first; a flatter row retries with TOP_P_WIDEN times as many.
 TOP_P_CANDIDATES = 256

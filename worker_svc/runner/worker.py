@@ -11,9 +11,9 @@ from batchwire.kernels.kv_cache import kv_cache_zeros
 from batchwire.v1 import worker_pb2
 
 from worker_svc.loaders.weights import load_model
-from worker_svc.model_runner import ModelRunner
 from worker_svc.models.llama import LlamaForCausalLM
-from worker_svc.parallel import init_distributed
+from worker_svc.parallel.tensor_parallel import init_distributed
+from worker_svc.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 

@@ -35,10 +35,10 @@ import dataclasses
 import numpy as np
 import torch
 
-from worker_svc.logits_processors import shaping_for_rows
-from worker_svc.sampler import LogprobsTensors, Sampler
-from worker_svc.sampling_metadata import SamplingMetadata
-from worker_svc.spec_decode_metadata import SpecDecodeMetadata
+from worker_svc.sample.logits_processors import shaping_for_rows
+from worker_svc.sample.sampler import LogprobsTensors, Sampler
+from worker_svc.sample.sampling_metadata import SamplingMetadata
+from worker_svc.spec_decode.metadata import SpecDecodeMetadata
 
 
 @dataclasses.dataclass(slots=True)

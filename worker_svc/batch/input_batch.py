@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from batchwire.v1 import worker_pb2
 
-from worker_svc.block_table import BlockTable
-from worker_svc.sampling_metadata import SamplingMetadata, build_sampling_metadata
+from worker_svc.batch.block_table import BlockTable
+from worker_svc.sample.sampling_metadata import SamplingMetadata, build_sampling_metadata
 
 
 @dataclasses.dataclass(slots=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from batchwire.v1 import worker_pb2
 
-from worker_svc.input_batch import InputBatch
-from worker_svc.rejection_sampler import RejectionSamplerOutput
+from worker_svc.batch.input_batch import InputBatch
+from worker_svc.spec_decode.rejection_sampler import RejectionSamplerOutput
 
 
 def record_verified(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from worker_svc.staging import host_buffer
+from worker_svc.batch.staging import host_buffer
 
 
 class BlockTable:

@@ -19,29 +19,29 @@ from batchwire.common.worker_config import WorkerConfig
 from batchwire.kernels import AttentionMetadata
 from batchwire.v1 import worker_pb2
 
-from worker_svc.forward_context import set_forward_context
-from worker_svc.input_batch import CachedRequestState, InputBatch
-from worker_svc.models.llama import LlamaForCausalLM
-from worker_svc.pipeline import IntermediateTensors
-from worker_svc.pooler import Pooler
-from worker_svc.prompt_logprobs import attach_prompt_logprobs, compute_prompt_logprobs
-from worker_svc.rejection_sampler import RejectionSampler
-from worker_svc.sampled_wire import SampledTokensEncoder
-from worker_svc.sampler import Sampler, SamplerOutput
-from worker_svc.spec_decode_metadata import (
-    SpecDecodeMetadata,
-    build_spec_decode_metadata,
-    stage_draft_tokens,
-)
-from worker_svc.spec_decode_output import record_verified
-from worker_svc.staging import InputFence, host_buffer
-from worker_svc.validation import (
+from worker_svc.batch.input_batch import CachedRequestState, InputBatch
+from worker_svc.batch.staging import InputFence, host_buffer
+from worker_svc.batch.validation import (
     CheckedStep,
     InvalidStepError,
     StepLimits,
     validate_grammar_output,
     validate_scheduler_output,
 )
+from worker_svc.models.forward_context import set_forward_context
+from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.parallel.pipeline import IntermediateTensors
+from worker_svc.pooling.pooler import Pooler
+from worker_svc.runner.prompt_logprobs import attach_prompt_logprobs, compute_prompt_logprobs
+from worker_svc.sample.sampled_wire import SampledTokensEncoder
+from worker_svc.sample.sampler import Sampler, SamplerOutput
+from worker_svc.spec_decode.metadata import (
+    SpecDecodeMetadata,
+    build_spec_decode_metadata,
+    stage_draft_tokens,
+)
+from worker_svc.spec_decode.output import record_verified
+from worker_svc.spec_decode.rejection_sampler import RejectionSampler
 
 
 @dataclasses.dataclass(slots=True)

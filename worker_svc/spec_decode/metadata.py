@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from batchwire.v1 import worker_pb2
 
-from worker_svc.input_batch import InputBatch
+from worker_svc.batch.input_batch import InputBatch
 
 
 @dataclasses.dataclass(slots=True)

@@ -9,7 +9,7 @@ from typing import Protocol
 import torch
 from google.protobuf.message import Message
 
-from worker_svc.logits_processors import LogitShaping, ShapingParamsLike, build_logit_shaping
+from worker_svc.sample.logits_processors import LogitShaping, ShapingParamsLike, build_logit_shaping
 
 # Temperatures below this are greedy; dividing by them would overflow float32 logits.
 GREEDY_EPS = 1e-5

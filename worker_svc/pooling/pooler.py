@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from batchwire.v1 import worker_pb2
 
-from worker_svc.validation import InvalidStepError
+from worker_svc.batch.validation import InvalidStepError
 
 
 @dataclasses.dataclass(slots=True)

@@ -15,7 +15,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from worker_svc.parallel import split_range
+from worker_svc.parallel.tensor_parallel import split_range
 
 
 @dataclasses.dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 Under pipeline parallelism each stage is a tensor-parallel group of its own (its ranks are
 neighbours in the global numbering, rank = pp_rank * T + tp_rank); the stages' hand-offs are in
-worker_svc/pipeline.py.
+worker_svc/parallel/pipeline.py.
 
 Heads are split by KV head, each KV head taking its group of query heads along, so a model whose
 head counts do not divide by the group size (SmolLM2: 9 query / 3 KV heads at TP=2) still shards:
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from worker_svc.models.config import ModelConfig
+from worker_svc.model_config import ModelConfig
 
 
 def split_range(n: int, rank: int, size: int) -> tuple[int, int]:

@@ -1,0 +1,1 @@
+"""Splitting the model over ranks: tensor-parallel shards and pipeline stages."""

@@ -1,0 +1,1 @@
+"""Pooling (embeddings): one vector per request from its final hidden states."""

@@ -1,0 +1,1 @@
+"""The model runner (ExecuteModel, SampleTokens) and the Worker that loads it."""

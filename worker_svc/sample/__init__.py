@@ -1,0 +1,1 @@
+"""Sampling a step's tokens from its logits: shaping, the sampler and its metadata, the wire."""
