@@ -33,7 +33,13 @@ from scheduler_svc.core.output_processor import RequestText, Stops
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
-from scheduler_svc.engine.commands import AbortRequests, AddRequest, Command, StopRequests
+from scheduler_svc.engine.commands import (
+    AbortRequests,
+    AddRequest,
+    Command,
+    StopRequests,
+    refuse,
+)
 from scheduler_svc.engine.engine_core import EngineCore
 from scheduler_svc.engine.replicas import NoReplicaError, ReplicatedEngine
 
@@ -239,7 +245,9 @@ class AsyncEngine:
         self._send(command)
 
     def _forget_if_refused(self, admitted: Future, stream: RequestStream) -> None:
-        if admitted.exception() is not None:  # on the engine thread: hand over to the loop
+        # Cancelled: the engine had not taken the command on yet, and now never admits it.
+        if admitted.cancelled() or admitted.exception() is not None:
+            # On the engine thread (or the loop's, when cancelled): hand over to the loop.
             self._call_soon(self._forget, stream)
 
     def _forget(self, stream: RequestStream) -> None:
@@ -281,7 +289,7 @@ class AsyncEngine:
         dead = EngineDeadError(f"the engine stopped: {error}")
         for command in self.core.inbox.drain():
             if isinstance(command, AddRequest):
-                command.admitted.set_exception(dead)
+                refuse(command.admitted, dead)
         self.core.fail_parked(dead)  # the moved ones' streams end in _die
 
     def _publish_stats(self) -> None:
