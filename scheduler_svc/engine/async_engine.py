@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from scheduler_svc.core.errors import RequestIdInUseError
+from scheduler_svc.core.errors import RequestIdInUseError, RequestRefusedError
 from scheduler_svc.core.output_processor import RequestText, Stops
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.pooling import PoolingParams
@@ -69,6 +69,7 @@ class EngineStats:
     num_preemptions: int = 0
     num_prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     num_prefix_hits: int = 0
+    num_refused_requests: int = 0  # failed because the worker refused them (step_refusal.py)
     # Speculative decoding, summed over replicas (SchedulerStats has each one's meaning).
     num_spec_requests: int = 0
     num_draft_tokens: int = 0
@@ -306,6 +307,7 @@ class AsyncEngine:
             num_preemptions=sum(s.stats.num_preemptions for s in schedulers),
             num_prefix_queries=sum(s.stats.num_prefix_queries for s in schedulers),
             num_prefix_hits=sum(s.stats.num_prefix_hits for s in schedulers),
+            num_refused_requests=sum(s.stats.num_refused_requests for s in schedulers),
             num_spec_requests=sum(s.stats.num_spec_requests for s in schedulers),
             num_draft_tokens=sum(s.stats.num_draft_tokens for s in schedulers),
             num_accepted_tokens=sum(s.stats.num_accepted_tokens for s in schedulers),
@@ -329,6 +331,9 @@ class AsyncEngine:
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
+                continue
+            if out.error is not None:  # the worker refused it: its stream fails, no one else's
+                self._fail([out.request_id], RequestRefusedError(out.error))
                 continue
             engine_finished = out.finished
             # Closed: its reader went away (the abort is confirming) or a stop string ended it.

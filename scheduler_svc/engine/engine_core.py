@@ -40,7 +40,9 @@ from scheduler_svc.core.pooling import prefix_caching_allowed
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.step_refusal import drop_refused, refused_in_step
 from scheduler_svc.executors.base import Executor
+from scheduler_svc.executors.errors import step_refusal
 
 
 @dataclasses.dataclass(slots=True)
@@ -72,6 +74,7 @@ class EngineCore:
         self.requests: dict[str, Request] = {}  # the client's request id -> unfinished request
         self.async_scheduling = self.scheduler.async_scheduling
         self.in_flight: StepInFlight | None = None  # async: sampled, its tokens not yet applied
+        self._refused: list[EngineCoreOutput] = []  # requests the worker refused, to report
         # step()'s text, inline; None without a tokenizer, and for a core that a replicated
         # engine steps (its caller makes the text).
         self.output_processor = OutputProcessor(tokenizer) if tokenizer is not None else None
@@ -151,20 +154,43 @@ class EngineCore:
         if step is None:
             return
         grammar_output = self.scheduler.get_grammar_bitmask(step.so)
-        model_output = step.forward.result()
+        model_output, refused = self._forward_output(step)
+        if refused:  # the step changed: its bitmask rows too
+            grammar_output = self.scheduler.get_grammar_bitmask(step.so)
         if model_output is None:
             model_output = self.executor.sample_tokens(grammar_output, non_block=True)
         step.sampled = model_output
 
+    def _forward_output(self, step: StepInFlight) -> tuple[Any, bool]:
+        """The forward pass's reply, and whether the worker refused some of the step's requests
+        first: they fail, and the step goes again without them (core/step_refusal.py), until
+        it is accepted. A refusal about no request of the step is the step's own: it raises."""
+        refused_any = False
+        while True:
+            try:
+                return step.forward.result(), refused_any
+            except Exception as e:
+                refusal = step_refusal(e)
+                refused = [] if refusal is None else refused_in_step(step.so, refusal[1])
+                if not refused:
+                    raise
+                assert refusal is not None
+                step.so, outputs = drop_refused(self.scheduler, step.so, refused, refusal[0])
+                self._refused += self._forget_finished(outputs)
+                refused_any = True
+                step.forward = self.executor.execute_model(step.so, non_block=True)
+
     def finish_step(self, step: StepInFlight | None) -> list[EngineCoreOutput]:
         """Reads the sampled tokens and updates the requests: stop checks, text, freed blocks.
-        Async: the step stays in flight, applied by the next apply_in_flight."""
+        Async: the step stays in flight, applied by the next apply_in_flight. The requests the
+        worker refused in this step end here."""
+        refused, self._refused = self._refused, []
         if step is None:
-            return []
+            return refused
         if self.async_scheduling:
             self.in_flight = step
-            return []
-        return self._apply(step)
+            return refused
+        return refused + self._apply(step)
 
     def _apply(self, step: StepInFlight) -> list[EngineCoreOutput]:
         return self._forget_finished(self.scheduler.update_from_output(step.so, step.output()))
