@@ -44,7 +44,7 @@ def drop_refused(scheduler: Scheduler, so: worker_pb2.SchedulerOutput, refused: 
     gone = set(refused)
     requests = [scheduler.requests[r] for r in refused if r in scheduler.requests]
     scheduled = _scheduled_tokens(so)
-    unwritten = set()  # blocks the refused requests were to write in this step
+    unwritten: set[int] = set()  # blocks the refused requests were to write in this step
     for request in requests:
         first = _first_unwritten_block(scheduler, request, scheduled)
         blocks = scheduler.kv.req_to_blocks.get(request.wire_id, [])
