@@ -306,7 +306,9 @@ def validate_grammar_output(
         # Both rows would mask the same logits: two rows that each allow some token can
         # together allow none, which silently sampled token 0.
         twice = next(r for i, r in enumerate(g.req_ids) if r in g.req_ids[:i])
-        raise InvalidStepError(f"grammar bitmask names request {twice!r} twice (one row each)")
+        raise InvalidStepError(
+            f"grammar bitmask names request {twice!r} twice (one row each)", [twice]
+        )
     rows = np.frombuffer(g.bitmask, dtype="<i4").reshape(len(g.req_ids), words)  # [reqs, words]
     full, rest = divmod(vocab_size, 32)
     allows = rows[:, :full].any(axis=1)  # [reqs]; a word's bits are 32 tokens
@@ -316,13 +318,15 @@ def validate_grammar_output(
     if empty.size:
         # Sampling from a row with no allowed token would silently pick token 0.
         raise InvalidStepError(
-            f"grammar bitmask row of {g.req_ids[empty[0]]!r} allows no token of the vocabulary"
+            f"grammar bitmask row of {g.req_ids[empty[0]]!r} allows no token of the vocabulary",
+            [g.req_ids[i] for i in empty],
         )
     # One mask row per request fits only its first position; drafted requests are unconstrained.
     constrained_drafts = [r for r in g.req_ids if r in drafted]
     if constrained_drafts:
         raise InvalidStepError(
-            f"grammar bitmask names requests with draft tokens: {constrained_drafts[:4]}"
+            f"grammar bitmask names requests with draft tokens: {constrained_drafts[:4]}",
+            constrained_drafts,
         )
 
 

@@ -53,24 +53,39 @@ def drop_refused(scheduler: Scheduler, so: worker_pb2.SchedulerOutput, refused: 
     # New requests of this step that found those blocks in the prefix cache go back to wait.
     requeued = [r.req_id for r in so.scheduled_new_reqs if r.req_id not in gone
                 and unwritten.intersection(r.block_ids)]
-    outputs = []
     new = {r.req_id for r in so.scheduled_new_reqs}
-    for request in requests:
-        out = scheduler.abort_requests([request])
-        for o in out:
-            o.error = reason
-        outputs += out
-        if request.wire_id in new:  # the worker never took it on: it hears nothing of its end
-            scheduler.finished_req_ids.remove(request.wire_id)
+    outputs = fail_refused(scheduler, [r for r in refused if r not in new], reason)
+    # The worker never took the new ones on: it hears nothing of their end.
+    outputs += fail_refused(scheduler, [r for r in refused if r in new], reason, told=False)
     for req_id in requeued:
         request = scheduler.requests[req_id]
         scheduler.kv.forget_cached(request, _first_unwritten_block(scheduler, request, scheduled))
         _requeue_unsent(scheduler, request)
-    scheduler.stats.num_refused_requests += len(requests)
-    logger.warning("the worker refused %d request(s) of step %d (%s); the step goes again "
+    logger.info("the worker refused %d request(s) of step %d (%s); the step goes again "
                    "without them%s", len(requests), so.step_id, reason,
                    f", {len(requeued)} sharing their blocks wait again" if requeued else "")
     return _without(so, gone | set(requeued), scheduled), outputs
+
+
+def fail_refused(scheduler: Scheduler, refused: list[str], reason: str,
+                 told: bool = True) -> list[EngineCoreOutput]:
+    """Ends the refused requests (wire ids) with `reason`: their last outputs (finish_reason
+    "abort", `error` set), counted in the stats. `told`: the worker holds them and hears of
+    their end in the next step (False: it never took them on)."""
+    outputs = []
+    for req_id in refused:
+        request = scheduler.requests.get(req_id)
+        if request is None:
+            continue
+        for out in scheduler.abort_requests([request]):
+            out.error = reason
+            outputs.append(out)
+        if not told:
+            scheduler.finished_req_ids.remove(req_id)
+        scheduler.stats.num_refused_requests += 1
+        logger.warning("the worker refused request %s (%s): it fails alone", request.request_id,
+                       reason)
+    return outputs
 
 
 def _first_unwritten_block(scheduler: Scheduler, request: Request,

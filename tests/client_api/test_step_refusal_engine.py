@@ -11,7 +11,7 @@ import math
 import pytest
 from batchwire.common import sampling_rules
 from batchwire.common.refusals import StepRefused
-from batchwire.v1 import generate_pb2
+from batchwire.v1 import generate_pb2, worker_pb2
 
 from scheduler_svc import SamplingParams
 from scheduler_svc.core.errors import InvalidRequestError, RequestRefusedError
@@ -119,3 +119,60 @@ def test_a_refused_request_fails_alone_and_the_others_finish_undisturbed():
         engine.shutdown()
     assert scheduler.get_num_unfinished_requests() == 0
     assert scheduler.kv.pool.num_free_blocks == scheduler.kv.pool.num_blocks - 1  # all freed
+
+
+class BitmaskRefusingWorker:
+    """The fake worker refusing SampleTokens while the grammar bitmask has a row for `bad`,
+    naming it; its logits stay parked, as the real worker's do."""
+
+    def __init__(self, worker) -> None:
+        self.worker = worker
+        self.bad: str | None = None  # a wire id
+        self.refusals = 0
+
+    def sample_tokens(self, grammar):
+        if grammar is not None and self.bad in grammar.req_ids:
+            self.refusals += 1
+            raise StepRefused(f"grammar bitmask row of {self.bad!r} allows no token", [self.bad])
+        return self.worker.sample_tokens(grammar)
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
+def test_a_refused_bitmask_row_fails_its_request_alone(async_scheduling):
+    core, fake = make_fake_engine(num_blocks=256, block_size=4, vocab_size=VOCAB, max_num_seqs=32,
+                                  max_model_len=128, async_scheduling=async_scheduling)
+    worker = BitmaskRefusingWorker(fake)
+    core.executor.worker = worker
+    scheduler = core.scheduler
+    assert scheduler.async_scheduling == async_scheduling
+    prompts = {f"s{k}": [3 + k, 7, 9 + k % 5] for k in range(16)}
+    for req_id, prompt in prompts.items():
+        core.add_request(prompt, _greedy(12), request_id=req_id)
+    bad = core.add_request([11, 12, 13], _greedy(12), request_id="bad")
+    worker.bad = bad.wire_id
+
+    def bitmask(so):  # a constrained request's row, as a grammar would give it
+        scheduled = {r.req_id for r in so.scheduled_new_reqs}
+        scheduled |= set(so.scheduled_cached_reqs.req_ids)
+        rows = [r for r in (bad.wire_id,) if r in scheduled and r in scheduler.requests]
+        return (worker_pb2.GrammarOutput(req_ids=rows, bitmask=b"\xff" * 8 * len(rows))
+                if rows else None)
+
+    scheduler.get_grammar_bitmask = bitmask
+    tokens: dict[str, list[int]] = {}
+    finals = {}
+    while core.has_requests():
+        for out in core.step():
+            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
+            if out.finished:
+                finals[out.request_id] = out
+    assert worker.refusals == 1
+    assert finals["bad"].finish_reason == "abort" and "allows no token" in finals["bad"].error
+    assert {r: tokens[r] for r in prompts} == {r: fake_greedy(p, 12, VOCAB)
+                                               for r, p in prompts.items()}
+    assert scheduler.stats.num_refused_requests == 1
+    assert scheduler.get_num_unfinished_requests() == 0
+    assert scheduler.kv.pool.num_free_blocks == scheduler.kv.pool.num_blocks - 1
