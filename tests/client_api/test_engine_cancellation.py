@@ -139,3 +139,50 @@ def test_cancels_and_deadlines_during_a_long_prefill_end_only_their_requests():
     scheduler = core.scheduler
     assert scheduler.get_num_unfinished_requests() == 0
     assert scheduler.kv.pool.num_free_blocks == scheduler.kv.pool.num_blocks - 1  # all freed
+
+
+def test_cancels_and_deadlines_while_parked_end_only_their_requests():
+    """The last replica dies: its requests park (moved) and new ones wait for admission within
+    the grace period; calls cut there end alone, and the survivors resume on the replica that
+    joins with the tokens of an undisturbed run."""
+    from scheduler_svc.engine.replicas import ReplicatedEngine
+    from tests.scheduler.test_worker_grace_engine import FailingExecutor, make_config
+
+    config = make_config(block_size=16, worker_grace_s=60)
+    dying = FailingExecutor(config)
+    engine = AsyncEngine(ReplicatedEngine(config, [dying]))
+
+    async def go():
+        engine.start()
+        keep_prompts = [[5 + k, 6, 7] for k in range(2)]
+        keepers = [await engine.add_request(f"keep-{k}", p, _params(40))
+                   for k, p in enumerate(keep_prompts)]
+        victims = [await engine.add_request(f"moved-{k}", [30 + k, 31], _params(40))
+                   for k in range(2)]
+        firsts = [(await stream.__anext__()).new_token_ids for stream in keepers + victims]
+        assert all(firsts)
+        keep_tasks = [asyncio.ensure_future(_drain(s)) for s in keepers]
+        dying.down = True
+        while len(engine.core.parked) < 4:  # all four moved, waiting for a replica
+            await asyncio.sleep(0.005)
+        cuts = [_cut(engine.add_request(f"new-{k}", [40, k], _params(4)), "deadline")
+                for k in range(3)]
+        cuts += [_cut(engine.add_request(f"gone-{k}", [41, k], _params(4)), "cancel")
+                 for k in range(2)]
+        cuts += [_cut(_drain(s), "deadline" if k else "cancel") for k, s in enumerate(victims)]
+        await asyncio.gather(*cuts)
+        for stream in victims:
+            stream.close()
+        await asyncio.wrap_future(engine.core.attach(FailingExecutor(config)))
+        for k, (task, prompt) in enumerate(zip(keep_tasks, keep_prompts, strict=True)):
+            assert firsts[k] + await task == fake_greedy(prompt, 40, VOCAB)
+        after = await engine.add_request("after", [9, 8, 7], _params(6))
+        assert await _drain(after) == fake_greedy([9, 8, 7], 6, VOCAB)
+        await asyncio.wait_for(engine.wait_until_idle(), 10)
+        assert engine.dead is None
+        assert len(engine.core.parked) == 0
+
+    try:
+        asyncio.run(asyncio.wait_for(go(), 60))
+    finally:
+        engine.shutdown()
