@@ -14,6 +14,10 @@ import json
 from collections.abc import Sequence
 
 REFUSED_MARK = "\nrefused req_ids: "
+# A status message rides in gRPC metadata (8 KiB soft limit): the ids carried are bounded. A
+# scheduler's wire ids are a few characters; longer ones come from no scheduler and go unnamed.
+MAX_CARRIED_ID_CHARS = 64
+MAX_CARRIED_IDS = 64
 
 
 class StepRefused(ValueError):
@@ -26,10 +30,12 @@ class StepRefused(ValueError):
 
 
 def refusal_message(message: str, req_ids: Sequence[str]) -> str:
-    """The status message that carries the refused requests' ids."""
-    if not req_ids:
+    """The status message that carries the refused requests' ids (those a scheduler could have
+    sent, up to MAX_CARRIED_IDS)."""
+    carried = [r for r in req_ids if len(r) <= MAX_CARRIED_ID_CHARS][:MAX_CARRIED_IDS]
+    if not carried:
         return message
-    return message + REFUSED_MARK + json.dumps(list(req_ids))
+    return message + REFUSED_MARK + json.dumps(carried)
 
 
 def parse_refusal(message: str) -> tuple[str, list[str]]:
