@@ -202,11 +202,17 @@ class EngineCore:
                 step.grammar = self.scheduler.get_grammar_bitmask(step.so)
                 step.sampled = self.executor.sample_tokens(step.grammar, non_block=True)
 
+    def take_refused(self) -> list[EngineCoreOutput]:
+        """The last outputs of the requests the worker refused since the last finish_step (a
+        replica that fails mid-step still ends them)."""
+        refused, self._refused = self._refused, []
+        return refused
+
     def finish_step(self, step: StepInFlight | None) -> list[EngineCoreOutput]:
         """Reads the sampled tokens and updates the requests: stop checks, text, freed blocks.
         Async: the step stays in flight, applied by the next apply_in_flight. The requests the
         worker refused in this step end here."""
-        refused, self._refused = self._refused, []
+        refused = self.take_refused()
         if step is None:
             return refused
         if self.async_scheduling:

@@ -239,6 +239,7 @@ class ReplicatedEngine:
                 failed.append(self._log_failure(replica, e))
         lost = []
         for replica in failed:
+            outputs += replica.core.take_refused()  # refused before it failed: they end anyway
             lost += self._remove(replica, reason="failed")
         lost += self._progress_drains()
         self._note_liveness()
