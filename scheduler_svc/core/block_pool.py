@@ -123,6 +123,11 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached[block_hash] = block
 
+    def uncache(self, block: KVCacheBlock) -> None:
+        """No longer findable by its hash (a no-op for a block that is not cached)."""
+        if block.block_hash is not None and self.cached.get(block.block_hash) is block:
+            self._evict(block)
+
     def _evict(self, block: KVCacheBlock) -> None:
         assert block.block_hash is not None
         del self.cached[block.block_hash]

@@ -5,6 +5,8 @@ InvalidRequestError -> INVALID_ARGUMENT, QueueFullError -> RESOURCE_EXHAUSTED.
 
 from __future__ import annotations
 
+import re
+
 
 class InvalidRequestError(ValueError):
     """A request refused on arrival, naming the field that was wrong and its value."""
@@ -13,6 +15,17 @@ class InvalidRequestError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class RequestRefusedError(InvalidRequestError):
+    """A request past admission that the worker refused (its value broke a rule of the worker's
+    that admission does not know): only this request fails. Names the sampling field when the
+    worker's reason does."""
+
+    def __init__(self, reason: str) -> None:
+        match = re.search(r"sampling\.(\w+)=", reason)
+        super().__init__(match.group(1) if match else "request",
+                         f"the worker refused this request: {reason}")
 
 
 class QueueFullError(RuntimeError):

@@ -118,6 +118,14 @@ class KVCacheManager:
         if blocks:
             self.pool.free_blocks(reversed(blocks))
 
+    def forget_cached(self, request: Request, first_block: int = 0) -> None:
+        """Takes the request's blocks from `first_block` on out of the prefix cache: their KV was
+        never written (the worker refused the step that was to write it)."""
+        for block in self.req_to_blocks.get(request.wire_id, [])[first_block:]:
+            self.pool.uncache(block)
+        self._num_cached[request.wire_id] = min(self._num_cached.get(request.wire_id, 0),
+                                                first_block)
+
     def _cache_full_blocks(self, request: Request, blocks: list[KVCacheBlock],
                            num_full: int) -> None:
         start = self._num_cached.get(request.wire_id, 0)

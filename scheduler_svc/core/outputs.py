@@ -29,6 +29,7 @@ class EngineCoreOutput:
     # On a request's first output when it asked: one per prompt token after the first.
     prompt_logprobs: list[TokenLogprobs] | None = None
     embedding: list[float] | None = None  # [hidden or dimensions]: an embedding request's vector
+    error: str | None = None  # why the worker refused it (finish_reason "abort"); its stream fails
 
 
 @dataclasses.dataclass(slots=True)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
+from batchwire.common import sampling_rules
 from batchwire.v1 import worker_pb2
 
 from scheduler_svc.config import RequestLimits
@@ -15,7 +16,6 @@ from scheduler_svc.core.structured_output.constraint import Constraint, constrai
 __all__ = ["DEFAULT_MAX_TOKENS", "InvalidRequestError", "SamplingParams", "validate_length",
            "validate_prompt"]
 
-_INT32_MAX = 2**31 - 1  # the wire's int32 fields
 # vLLM's default, and the one every batchwire client uses (the wire, generate, chat, LLM).
 DEFAULT_MAX_TOKENS = 16
 _INT_FIELDS = ("top_k", "max_tokens", "min_tokens", "seed", "logprobs", "truncate_prompt_tokens",
@@ -48,7 +48,7 @@ class SamplingParams:
     choice: list[str] | None = None  # the output is exactly one of these
     grammar: str | None = None  # EBNF, start rule `root`
     # Logit shaping, applied by the worker before penalties and sampling.
-    logit_bias: dict[int, float] | None = None  # token id -> bias, clamped to [-100, 100]
+    logit_bias: dict[int, float] | None = None  # token id -> bias in [-100, 100]
     allowed_token_ids: list[int] | None = None  # None = every token; else only these, never none
     bad_words: list[str] = dataclasses.field(default_factory=list)  # their token sequences banned
     prompt_logprobs: int | None = None  # top-k logprobs of each prompt token after the first
@@ -86,28 +86,14 @@ class SamplingParams:
             value = getattr(self, name)
             if not isinstance(value, int | float) or isinstance(value, bool):
                 _refuse(name, value, "must be a number")
-        if self.seed is not None and not 0 <= self.seed < 2**64:
-            _refuse("seed", self.seed, "must be in [0, 2**64)")
-        if self.top_k > _INT32_MAX:
-            _refuse("top_k", self.top_k, f"must be <= {_INT32_MAX}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            _refuse("temperature", self.temperature, "must be finite and >= 0")
-        if not 0 < self.top_p <= 1:
-            _refuse("top_p", self.top_p, "must be in (0, 1]")
-        if self.top_k < -1:
-            _refuse("top_k", self.top_k, "must be >= -1 (0 and -1 mean off)")
-        if not 0 <= self.min_p <= 1:
-            _refuse("min_p", self.min_p, "must be in [0, 1]")
+        # The wire's ranges, the worker's own (common/sampling_rules.py): one rule set.
+        with _as_request_error():
+            sampling_rules.check_seed(self.seed)
+            sampling_rules.check_values(self)
         if self.max_tokens < 1:
             _refuse("max_tokens", self.max_tokens, "must be >= 1")
-        if not 0 <= self.min_tokens <= min(self.max_tokens, _INT32_MAX):
+        if not self.min_tokens <= self.max_tokens:
             _refuse("min_tokens", self.min_tokens, f"must be in [0, max_tokens={self.max_tokens}]")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not -2 <= value <= 2:
-                _refuse(name, value, "must be in [-2, 2]")
-        if not self.repetition_penalty > 0:
-            _refuse("repetition_penalty", self.repetition_penalty, "must be > 0")
         if self.prompt_logprobs is not None and self.prompt_logprobs < 0:
             _refuse("prompt_logprobs", self.prompt_logprobs, "must be >= 0")
         if self.n < 1:
@@ -125,15 +111,16 @@ class SamplingParams:
 
     def _validate_shaping(self) -> None:
         if self.logit_bias is not None:
-            clamped = {}
+            biases = {}
             for token, bias in dict(self.logit_bias).items():
                 if not isinstance(token, int) or isinstance(token, bool):
                     _refuse("logit_bias", {token: bias}, "keys must be integer token ids")
-                if (not isinstance(bias, int | float) or isinstance(bias, bool)
-                        or math.isnan(bias)):
+                if not isinstance(bias, int | float) or isinstance(bias, bool):
                     _refuse("logit_bias", {token: bias}, "biases must be numbers")
-                clamped[token] = float(min(max(bias, -100.0), 100.0))
-            self.logit_bias = clamped
+                biases[token] = float(bias)
+            self.logit_bias = biases
+            with _as_request_error():  # refused out of range, as OpenAI does, not clamped
+                sampling_rules.check_logit_bias(biases)
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
             if not self.allowed_token_ids:
@@ -148,13 +135,10 @@ class SamplingParams:
 
     def validate_for(self, vocab_size: int, limits: RequestLimits) -> None:
         """The checks that need the model and the server's limits."""
-        max_logprobs = limits.max_logprobs
-        if self.logprobs is not None and self.logprobs > max_logprobs:
-            _refuse("logprobs", self.logprobs, f"must be <= the configured max_logprobs "
-                    f"({max_logprobs})")
-        if self.prompt_logprobs is not None and self.prompt_logprobs > max_logprobs:
-            _refuse("prompt_logprobs", self.prompt_logprobs, f"must be <= the configured "
-                    f"max_logprobs ({max_logprobs})")
+        with _as_request_error():
+            sampling_rules.check_logprobs("logprobs", self.logprobs, limits.max_logprobs)
+            sampling_rules.check_logprobs("prompt_logprobs", self.prompt_logprobs,
+                                          limits.max_logprobs)
         for name in ("stop", "bad_words"):
             strings = getattr(self, name)
             if len(strings) > limits.max_stop_strings:
@@ -169,13 +153,8 @@ class SamplingParams:
             if count > limits.max_token_ids:
                 raise InvalidRequestError(name, f"{count} entries; the limit is "
                                                 f"max_token_ids={limits.max_token_ids}")
-        for t in self.stop_token_ids:
-            if not 0 <= t < vocab_size:
-                _refuse("stop_token_ids", t, f"is outside the vocabulary [0, {vocab_size})")
-        for name in ("logit_bias", "allowed_token_ids"):
-            for t in getattr(self, name) or ():
-                if not 0 <= t < vocab_size:
-                    _refuse(name, t, f"is outside the vocabulary [0, {vocab_size})")
+        with _as_request_error():
+            sampling_rules.check_vocabulary(self, vocab_size)
 
     def to_proto(self, eos_token_ids: Iterable[int]) -> worker_pb2.RequestSamplingParams:
         """What the worker applies: EOS ids join the stop ids so that min_tokens masks them too."""
@@ -251,3 +230,12 @@ def validate_prompt(prompt_token_ids: Sequence[int], vocab_size: int, max_model_
 
 def _refuse(field: str, value: object, rule: str) -> None:
     raise InvalidRequestError(field, f"{value!r} {rule}")
+
+
+@contextlib.contextmanager
+def _as_request_error() -> Iterator[None]:
+    """A broken rule of the shared set, as the refusal a service answers INVALID_ARGUMENT."""
+    try:
+        yield
+    except sampling_rules.SamplingRuleError as e:
+        raise InvalidRequestError(e.field, str(e)) from None

@@ -13,6 +13,7 @@ class SchedulerStats:
     num_preemptions: int = 0
     num_prefix_queries: int = 0  # tokens looked up in the prefix cache at admission
     num_prefix_hits: int = 0  # of which found
+    num_refused_requests: int = 0  # requests failed because the worker refused them
     # Speculative decoding: per request and verified step, d drafts of which a were accepted.
     num_spec_requests: int = 0  # request-steps that carried drafts
     num_draft_tokens: int = 0  # sum of d

@@ -28,12 +28,18 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from scheduler_svc.core.errors import RequestIdInUseError
+from scheduler_svc.core.errors import RequestIdInUseError, RequestRefusedError
 from scheduler_svc.core.output_processor import RequestText, Stops
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
-from scheduler_svc.engine.commands import AbortRequests, AddRequest, Command, StopRequests
+from scheduler_svc.engine.commands import (
+    AbortRequests,
+    AddRequest,
+    Command,
+    StopRequests,
+    refuse,
+)
 from scheduler_svc.engine.engine_core import EngineCore
 from scheduler_svc.engine.replicas import NoReplicaError, ReplicatedEngine
 
@@ -63,6 +69,7 @@ class EngineStats:
     num_preemptions: int = 0
     num_prefix_queries: int = 0  # prompt tokens looked up in the prefix cache
     num_prefix_hits: int = 0
+    num_refused_requests: int = 0  # failed because the worker refused them (step_refusal.py)
     # Speculative decoding, summed over replicas (SchedulerStats has each one's meaning).
     num_spec_requests: int = 0
     num_draft_tokens: int = 0
@@ -239,7 +246,9 @@ class AsyncEngine:
         self._send(command)
 
     def _forget_if_refused(self, admitted: Future, stream: RequestStream) -> None:
-        if admitted.exception() is not None:  # on the engine thread: hand over to the loop
+        # Cancelled: the engine had not taken the command on yet, and now never admits it.
+        if admitted.cancelled() or admitted.exception() is not None:
+            # On the engine thread (or the loop's, when cancelled): hand over to the loop.
             self._call_soon(self._forget, stream)
 
     def _forget(self, stream: RequestStream) -> None:
@@ -281,7 +290,7 @@ class AsyncEngine:
         dead = EngineDeadError(f"the engine stopped: {error}")
         for command in self.core.inbox.drain():
             if isinstance(command, AddRequest):
-                command.admitted.set_exception(dead)
+                refuse(command.admitted, dead)
         self.core.fail_parked(dead)  # the moved ones' streams end in _die
 
     def _publish_stats(self) -> None:
@@ -298,6 +307,7 @@ class AsyncEngine:
             num_preemptions=sum(s.stats.num_preemptions for s in schedulers),
             num_prefix_queries=sum(s.stats.num_prefix_queries for s in schedulers),
             num_prefix_hits=sum(s.stats.num_prefix_hits for s in schedulers),
+            num_refused_requests=sum(s.stats.num_refused_requests for s in schedulers),
             num_spec_requests=sum(s.stats.num_spec_requests for s in schedulers),
             num_draft_tokens=sum(s.stats.num_draft_tokens for s in schedulers),
             num_accepted_tokens=sum(s.stats.num_accepted_tokens for s in schedulers),
@@ -321,6 +331,9 @@ class AsyncEngine:
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
+                continue
+            if out.error is not None:  # the worker refused it: its stream fails, no one else's
+                self._fail([out.request_id], RequestRefusedError(out.error))
                 continue
             engine_finished = out.finished
             # Closed: its reader went away (the abort is confirming) or a stop string ended it.

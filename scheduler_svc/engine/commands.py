@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from scheduler_svc.core.pooling import PoolingParams
@@ -56,6 +56,32 @@ class DetachReplica:
 
 
 Command = AddRequest | AbortRequests | StopRequests | AttachReplica | DetachReplica
+
+
+def take_on(command: AddRequest) -> bool:
+    """Marks an admission as under way; False when its caller already went away (cancelled,
+    past its deadline), and the engine must then not admit it. After True the caller can no
+    longer cancel the future (it reads the answer, or aborts what was admitted)."""
+    if command.admitted.done():
+        return False
+    return command.admitted.set_running_or_notify_cancel()
+
+
+def answer(future: Future, result: object = None) -> None:
+    """Sets a command's answer; a caller that went away (the future cancelled) is no error of
+    the engine's, which must go on for everyone else."""
+    try:
+        future.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+def refuse(future: Future, error: BaseException) -> None:
+    """Sets a command's refusal, as answer() does."""
+    try:
+        future.set_exception(error)
+    except InvalidStateError:
+        pass
 
 
 class Inbox:

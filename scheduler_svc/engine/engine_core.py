@@ -40,7 +40,9 @@ from scheduler_svc.core.pooling import prefix_caching_allowed
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.core.step_refusal import drop_refused, fail_refused, refused_in_step
 from scheduler_svc.executors.base import Executor
+from scheduler_svc.executors.errors import step_refusal
 
 
 @dataclasses.dataclass(slots=True)
@@ -50,6 +52,7 @@ class StepInFlight:
     so: worker_pb2.SchedulerOutput
     forward: Future  # execute_model's reply: None (logits parked) or a ModelRunnerOutput
     sampled: Any = None  # sample_tokens' reply (a Future), or the forward pass's own output
+    grammar: worker_pb2.GrammarOutput | None = None  # what sample_tokens was sent
 
     def output(self) -> worker_pb2.ModelRunnerOutput:
         if isinstance(self.sampled, Future):
@@ -72,6 +75,7 @@ class EngineCore:
         self.requests: dict[str, Request] = {}  # the client's request id -> unfinished request
         self.async_scheduling = self.scheduler.async_scheduling
         self.in_flight: StepInFlight | None = None  # async: sampled, its tokens not yet applied
+        self._refused: list[EngineCoreOutput] = []  # requests the worker refused, to report
         # step()'s text, inline; None without a tokenizer, and for a core that a replicated
         # engine steps (its caller makes the text).
         self.output_processor = OutputProcessor(tokenizer) if tokenizer is not None else None
@@ -136,7 +140,7 @@ class EngineCore:
             return None
         so = self.scheduler.schedule()
         if self.in_flight is not None:
-            self.in_flight.output()  # read before the next call: one call pending at a time
+            self._sampled_output(self.in_flight)  # read before the next call: one call pending
         return StepInFlight(so, self.executor.execute_model(so, non_block=True))
 
     def apply_in_flight(self) -> list[EngineCoreOutput]:
@@ -151,23 +155,74 @@ class EngineCore:
         if step is None:
             return
         grammar_output = self.scheduler.get_grammar_bitmask(step.so)
-        model_output = step.forward.result()
+        model_output, refused = self._forward_output(step)
+        if refused:  # the step changed: its bitmask rows too
+            grammar_output = self.scheduler.get_grammar_bitmask(step.so)
         if model_output is None:
+            step.grammar = grammar_output
             model_output = self.executor.sample_tokens(grammar_output, non_block=True)
         step.sampled = model_output
 
+    def _forward_output(self, step: StepInFlight) -> tuple[Any, bool]:
+        """The forward pass's reply, and whether the worker refused some of the step's requests
+        first: they fail, and the step goes again without them (core/step_refusal.py), until
+        it is accepted. A refusal about no request of the step is the step's own: it raises."""
+        refused_any = False
+        while True:
+            try:
+                return step.forward.result(), refused_any
+            except Exception as e:
+                refusal = step_refusal(e)
+                refused = [] if refusal is None else refused_in_step(step.so, refusal[1])
+                if not refused:
+                    raise
+                assert refusal is not None
+                step.so, outputs = drop_refused(self.scheduler, step.so, refused, refusal[0])
+                self._refused += self._forget_finished(outputs)
+                refused_any = True
+                step.forward = self.executor.execute_model(step.so, non_block=True)
+
+    def _sampled_output(self, step: StepInFlight) -> worker_pb2.ModelRunnerOutput:
+        """The sampled tokens. A SampleTokens refused for some requests' grammar bitmask rows
+        leaves the logits parked: those requests fail, and the bitmask goes again without their
+        rows (the worker samples them unconstrained; their tokens are dropped as for an abort)."""
+        while True:
+            try:
+                return step.output()
+            except Exception as e:
+                refusal = step_refusal(e)
+                rows = list(step.grammar.req_ids) if step.grammar is not None else []
+                named = [] if refusal is None else refusal[1] or [
+                    r.req_id for r in step.so.scheduled_new_reqs]
+                refused = [r for r in named if r in rows]
+                if refusal is None or not refused:
+                    raise
+                self._refused += self._forget_finished(
+                    fail_refused(self.scheduler, refused, refusal[0]))
+                step.grammar = self.scheduler.get_grammar_bitmask(step.so)
+                step.sampled = self.executor.sample_tokens(step.grammar, non_block=True)
+
+    def take_refused(self) -> list[EngineCoreOutput]:
+        """The last outputs of the requests the worker refused since the last finish_step (a
+        replica that fails mid-step still ends them)."""
+        refused, self._refused = self._refused, []
+        return refused
+
     def finish_step(self, step: StepInFlight | None) -> list[EngineCoreOutput]:
         """Reads the sampled tokens and updates the requests: stop checks, text, freed blocks.
-        Async: the step stays in flight, applied by the next apply_in_flight."""
+        Async: the step stays in flight, applied by the next apply_in_flight. The requests the
+        worker refused in this step end here."""
+        refused = self.take_refused()
         if step is None:
-            return []
+            return refused
         if self.async_scheduling:
             self.in_flight = step
-            return []
-        return self._apply(step)
+            return refused
+        return refused + self._apply(step)
 
     def _apply(self, step: StepInFlight) -> list[EngineCoreOutput]:
-        return self._forget_finished(self.scheduler.update_from_output(step.so, step.output()))
+        output = self._sampled_output(step)
+        return self._forget_finished(self.scheduler.update_from_output(step.so, output))
 
     def shutdown(self) -> None:
         self.executor.shutdown()

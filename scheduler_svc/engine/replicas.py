@@ -48,6 +48,9 @@ from scheduler_svc.engine.commands import (
     DetachReplica,
     Inbox,
     StopRequests,
+    answer,
+    refuse,
+    take_on,
 )
 from scheduler_svc.engine.engine_core import EngineCore, StepInFlight
 from scheduler_svc.engine.parked import Parked, ParkedRequests
@@ -157,7 +160,7 @@ class ReplicatedEngine:
             parked = self.parked.take(request_id)
             if parked is not None:
                 if parked.command is not None:  # admitted, to end at once with "abort"
-                    parked.command.admitted.set_result(None)
+                    answer(parked.command.admitted)
                 outputs.append(parked.abort_output())
                 continue
             replica = self._replica_of(request_id)
@@ -236,6 +239,7 @@ class ReplicatedEngine:
                 failed.append(self._log_failure(replica, e))
         lost = []
         for replica in failed:
+            outputs += replica.core.take_refused()  # refused before it failed: they end anyway
             lost += self._remove(replica, reason="failed")
         lost += self._progress_drains()
         self._note_liveness()
@@ -268,7 +272,7 @@ class ReplicatedEngine:
         moved = []
         for parked in self.parked.take_all():
             if parked.command is not None:
-                parked.command.admitted.set_exception(error)
+                refuse(parked.command.admitted, error)
             else:
                 moved.append(parked.request_id)
         return moved
@@ -281,6 +285,8 @@ class ReplicatedEngine:
             return self.stop_requests(command.stops)
         try:
             if isinstance(command, AddRequest):
+                if not take_on(command):
+                    return []  # its caller went away before admission: nothing to admit
                 try:
                     self._admit(command)
                 except NoReplicaError:
@@ -288,12 +294,11 @@ class ReplicatedEngine:
                         raise
             elif isinstance(command, AttachReplica):
                 core = EngineCore(self.config, command.executor, self.tokenizer)
-                command.done.set_result(self.add_replica(core, command.replica_id).replica_id)
+                answer(command.done, self.add_replica(core, command.replica_id).replica_id)
             else:
                 self._start_drain(command)
         except Exception as e:
-            (command.admitted if isinstance(command, AddRequest) else command.done
-             ).set_exception(e)
+            refuse(command.admitted if isinstance(command, AddRequest) else command.done, e)
         return []
 
 
@@ -301,7 +306,7 @@ class ReplicatedEngine:
         self.add_request(command.prompt_token_ids, command.params,
                          request_id=command.request_id, priority=command.priority,
                          cache_salt=command.cache_salt, pooling=command.pooling)
-        command.admitted.set_result(None)
+        answer(command.admitted)
 
 
     def _live(self) -> list[Replica]:
@@ -360,7 +365,7 @@ class ReplicatedEngine:
         except NoReplicaError:
             return False
         except (InvalidRequestError, QueueFullError, RequestIdInUseError) as e:
-            parked.command.admitted.set_exception(e)  # refused as at once, with its reason
+            refuse(parked.command.admitted, e)  # refused as at once, with its reason
         return True
 
     def _expire_parked(self) -> list[str]:
@@ -368,7 +373,7 @@ class ReplicatedEngine:
         lost = []
         for parked in self.parked.take_expired(time.monotonic()):
             if parked.command is not None:
-                parked.command.admitted.set_exception(NoReplicaError(
+                refuse(parked.command.admitted, NoReplicaError(
                     f"no worker replica joined within the grace period of {self.grace_s:g} s",
                     [parked.request_id]))
             else:
@@ -479,8 +484,8 @@ class ReplicatedEngine:
             replica.core.shutdown()
         except Exception:  # a failed group may not even close cleanly
             logger.exception("closing replica %s", replica.replica_id)
-        if replica.left is not None and not replica.left.done():
-            replica.left.set_result((moved, len(lost)))
+        if replica.left is not None:
+            answer(replica.left, (moved, len(lost)))
         return lost
 
     def _log_failure(self, replica: Replica, error: Exception) -> Replica:

@@ -9,6 +9,7 @@ later call raises this at once. A service answers it with UNAVAILABLE.
 from __future__ import annotations
 
 import grpc
+from batchwire.common.refusals import StepRefused, parse_refusal
 
 # Codes after which the worker group cannot be trusted with another step.
 FATAL_CODES = frozenset({
@@ -47,3 +48,15 @@ class WorkerRefusedError(WorkerUnavailableError):
     one, but a setting to fix rather than a worker to restart."""
 
     CODES = frozenset({grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED})
+
+
+def step_refusal(error: BaseException) -> tuple[str, list[str]] | None:
+    """(why, the req_ids it names) when `error` is a worker's refusal of a step (INVALID_ARGUMENT
+    on ExecuteModel; in process, a StepRefused), which fails only the requests it is about; None
+    for any other error."""
+    if isinstance(error, StepRefused):
+        return str(error), error.req_ids
+    if (isinstance(error, WorkerError) and not isinstance(error, WorkerUnavailableError)
+            and error.code == grpc.StatusCode.INVALID_ARGUMENT):
+        return parse_refusal(error.message)
+    return None

@@ -49,6 +49,9 @@ class SchedulerMetrics:
         self.preemptions = Counter("batchwire_num_preemptions",
                                    "Requests preempted (to be recomputed).", registry=r)
         self.steps = Counter("batchwire_engine_steps", "Engine steps run.", registry=r)
+        self.refused = Counter("batchwire_refused_requests",
+                               "Requests past admission that a worker refused (each failed "
+                               "alone; the step went on without it).", registry=r)
         self.ttft = Histogram("batchwire_time_to_first_token_seconds",
                               "From arrival to the first output token.",
                               buckets=_LATENCY_BUCKETS, registry=r)
@@ -93,6 +96,7 @@ class SchedulerMetrics:
         self.kv_usage.set(stats.kv_usage)
         self.steps.inc(max(stats.num_steps - last.num_steps, 0))
         self.preemptions.inc(max(stats.num_preemptions - last.num_preemptions, 0))
+        self.refused.inc(max(stats.num_refused_requests - last.num_refused_requests, 0))
         self.prefix_queries.inc(max(stats.num_prefix_queries - last.num_prefix_queries, 0))
         self.prefix_hits.inc(max(stats.num_prefix_hits - last.num_prefix_hits, 0))
         if stats.num_prefix_queries:

@@ -67,11 +67,16 @@ def test_boundary_values_are_accepted(field, value):
     SamplingParams(**{field: value})
 
 
-def test_empty_allowed_list_is_refused_and_biases_are_clamped():
+def test_empty_allowed_list_is_refused_and_biases_out_of_range_are_refused():
     with pytest.raises(InvalidRequestError) as e:
         SamplingParams(allowed_token_ids=[])
     assert e.value.field == "allowed_token_ids"
-    assert SamplingParams(logit_bias={3: 250, 4: -1e9, 5: 0.5}).logit_bias == {
+    # As OpenAI does: a bias outside [-100, 100], or not finite, is refused, not clamped.
+    for bias in (250, -1e9, 100.5, float("inf"), float("nan"), 1e308):
+        with pytest.raises(InvalidRequestError) as e:
+            SamplingParams(logit_bias={3: bias})
+        assert e.value.field == "logit_bias"
+    assert SamplingParams(logit_bias={3: 100, 4: -100.0, 5: 0.5}).logit_bias == {
         3: 100.0, 4: -100.0, 5: 0.5}
 
 

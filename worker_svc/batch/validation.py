@@ -5,17 +5,20 @@ A bad SchedulerOutput or GrammarOutput is refused whole, so the persistent batch
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Protocol
 
 import numpy as np
+from batchwire.common import sampling_rules
+from batchwire.common.refusals import StepRefused
 from batchwire.v1 import worker_pb2
 
 
-class InvalidStepError(ValueError):
-    """The scheduler sent a step this worker cannot run; nothing was changed."""
+class InvalidStepError(StepRefused):
+    """The scheduler sent a step this worker cannot run; nothing was changed. `req_ids`: the
+    requests at fault, when the fault is theirs (the scheduler fails only those)."""
 
 
 class _KnownRequest(Protocol):
@@ -62,53 +65,8 @@ def validate_scheduler_output(
     seen: set[str] = set()
     total = 0
     for new in so.scheduled_new_reqs:
-        where = f"new request {new.req_id!r}"
-        _check_id(new.req_id, where, seen)
-        if new.req_id in requests and new.req_id not in finished:
-            raise InvalidStepError(f"{where} is already running on this worker")
-        n_prompt, n_output = len(new.prompt_token_ids), len(new.output_token_ids)
-        if not n_prompt or n_prompt + n_output >= limits.max_model_len:
-            raise InvalidStepError(
-                f"{where}: prompt length {n_prompt} plus output length {n_output} must be in "
-                f"[1, max_model_len={limits.max_model_len}), with a prompt"
-            )
-        _check_tokens(new.prompt_token_ids, limits.vocab_size, where)
-        _check_tokens(new.output_token_ids, limits.vocab_size, where)
-        _check_blocks(new.block_ids, limits, where)
-        num_drafts = drafts.get(new.req_id, 0)
-        if num_drafts:
-            _check_drafts(
-                num_drafts, new.num_computed_tokens, new.num_scheduled_tokens,
-                n_prompt + n_output, new.sampling, limits, where,
-            )  # fmt: skip
-        _check_counts(
-            new.num_computed_tokens,
-            new.num_scheduled_tokens,
-            n_prompt + n_output + num_drafts,
-            where,
-        )
-        _check_coverage(
-            len(new.block_ids), new.num_computed_tokens + new.num_scheduled_tokens, limits, where
-        )
-        if (
-            new.sampling.HasField("logprobs")
-            and not 0 <= new.sampling.logprobs <= limits.max_logprobs
-        ):
-            raise InvalidStepError(
-                f"{where}: logprobs={new.sampling.logprobs} outside [0, {limits.max_logprobs}]"
-            )
-        if limits.samples:
-            _check_sampling(new.sampling, where)
-        _check_shaping(new.sampling, limits.vocab_size, where)
-        if (
-            new.sampling.HasField("prompt_logprobs")
-            and not 0 <= new.sampling.prompt_logprobs <= limits.max_logprobs
-        ):
-            raise InvalidStepError(
-                f"{where}: prompt_logprobs={new.sampling.prompt_logprobs} outside "
-                f"[0, {limits.max_logprobs}]"
-            )
-        total += new.num_scheduled_tokens
+        with _naming(new.req_id):
+            total += _check_new(new, requests, finished, drafts, seen, limits)
 
     cached = so.scheduled_cached_reqs
     n = len(cached.req_ids)
@@ -205,6 +163,60 @@ def validate_scheduler_output(
     return CheckedStep(req_ids, no_new_blocks)
 
 
+
+def _check_new(
+    new: worker_pb2.NewRequestData,
+    requests: Mapping[str, _KnownRequest],
+    finished: set[str],
+    drafts: Mapping[str, int],
+    seen: set[str],
+    limits: StepLimits,
+) -> int:
+    """One new request's checks; its scheduled tokens."""
+    where = f"new request {new.req_id!r}"
+    _check_id(new.req_id, where, seen)
+    if new.req_id in requests and new.req_id not in finished:
+        raise InvalidStepError(f"{where} is already running on this worker")
+    n_prompt, n_output = len(new.prompt_token_ids), len(new.output_token_ids)
+    if not n_prompt or n_prompt + n_output >= limits.max_model_len:
+        raise InvalidStepError(
+            f"{where}: prompt length {n_prompt} plus output length {n_output} must be in "
+            f"[1, max_model_len={limits.max_model_len}), with a prompt"
+        )
+    _check_tokens(new.prompt_token_ids, limits.vocab_size, where)
+    _check_tokens(new.output_token_ids, limits.vocab_size, where)
+    _check_blocks(new.block_ids, limits, where)
+    num_drafts = drafts.get(new.req_id, 0)
+    if num_drafts:
+        _check_drafts(
+            num_drafts, new.num_computed_tokens, new.num_scheduled_tokens,
+            n_prompt + n_output, new.sampling, limits, where,
+        )  # fmt: skip
+    _check_counts(
+        new.num_computed_tokens,
+        new.num_scheduled_tokens,
+        n_prompt + n_output + num_drafts,
+        where,
+    )
+    _check_coverage(
+        len(new.block_ids), new.num_computed_tokens + new.num_scheduled_tokens, limits, where
+    )
+    _check_sampling(new.sampling, limits, where)
+    _check_shaping(new.sampling, limits.vocab_size, where)
+    return new.num_scheduled_tokens
+
+
+@contextlib.contextmanager
+def _naming(req_id: str) -> Iterator[None]:
+    """A refusal raised inside names this request as the one at fault."""
+    try:
+        yield
+    except InvalidStepError as e:
+        if not e.req_ids:
+            e.req_ids = [req_id]
+        raise
+
+
 def no_block_added(cached: worker_pb2.CachedRequestData) -> bool:
     """True when every new_block_ids entry is empty, without reading the entries one by one
     (~1.5 us each): an empty entry serializes as 2 bytes (its tag, a zero length) and any other
@@ -294,7 +306,9 @@ def validate_grammar_output(
         # Both rows would mask the same logits: two rows that each allow some token can
         # together allow none, which silently sampled token 0.
         twice = next(r for i, r in enumerate(g.req_ids) if r in g.req_ids[:i])
-        raise InvalidStepError(f"grammar bitmask names request {twice!r} twice (one row each)")
+        raise InvalidStepError(
+            f"grammar bitmask names request {twice!r} twice (one row each)", [twice]
+        )
     rows = np.frombuffer(g.bitmask, dtype="<i4").reshape(len(g.req_ids), words)  # [reqs, words]
     full, rest = divmod(vocab_size, 32)
     allows = rows[:, :full].any(axis=1)  # [reqs]; a word's bits are 32 tokens
@@ -304,13 +318,15 @@ def validate_grammar_output(
     if empty.size:
         # Sampling from a row with no allowed token would silently pick token 0.
         raise InvalidStepError(
-            f"grammar bitmask row of {g.req_ids[empty[0]]!r} allows no token of the vocabulary"
+            f"grammar bitmask row of {g.req_ids[empty[0]]!r} allows no token of the vocabulary",
+            [g.req_ids[i] for i in empty],
         )
     # One mask row per request fits only its first position; drafted requests are unconstrained.
     constrained_drafts = [r for r in g.req_ids if r in drafted]
     if constrained_drafts:
         raise InvalidStepError(
-            f"grammar bitmask names requests with draft tokens: {constrained_drafts[:4]}"
+            f"grammar bitmask names requests with draft tokens: {constrained_drafts[:4]}",
+            constrained_drafts,
         )
 
 
@@ -403,28 +419,26 @@ def _check_blocks(block_ids: Sequence[int], limits: StepLimits, where: str) -> N
         raise InvalidStepError(f"{where}: block id {twice} is listed twice in its block table")
 
 
-def _check_sampling(sampling: worker_pb2.RequestSamplingParams, where: str) -> None:
+def _check_sampling(
+    sampling: worker_pb2.RequestSamplingParams, limits: StepLimits, where: str
+) -> None:
     """The worker is a service of its own: it takes no sampling value the scheduler would have
-    refused (NaN or infinite values, or ones outside their ranges) on trust."""
-    values = {
-        "temperature": (sampling.temperature, 0.0 <= sampling.temperature < math.inf, ">= 0"),
-        "top_p": (sampling.top_p, 0.0 < sampling.top_p <= 1.0, "in (0, 1]"),
-        "min_p": (sampling.min_p, 0.0 <= sampling.min_p <= 1.0, "in [0, 1]"),
-        "top_k": (sampling.top_k, sampling.top_k >= -1, ">= -1"),
-        "repetition_penalty": (sampling.repetition_penalty,
-                               0.0 < sampling.repetition_penalty < math.inf, "> 0"),
-        "presence_penalty": (sampling.presence_penalty,
-                             -2.0 <= sampling.presence_penalty <= 2.0, "in [-2, 2]"),
-        "frequency_penalty": (sampling.frequency_penalty,
-                              -2.0 <= sampling.frequency_penalty <= 2.0, "in [-2, 2]"),
-        "min_tokens": (sampling.min_tokens, sampling.min_tokens >= 0, ">= 0"),
-    }
-    for name, (value, ok, rule) in values.items():
-        if not ok:  # NaN fails every comparison, so it lands here too
-            raise InvalidStepError(f"{where}: sampling.{name}={value} must be {rule}")
-    for token, bias in sampling.logit_bias.items():
-        if not -100.0 <= bias <= 100.0:
-            raise InvalidStepError(f"{where}: logit_bias[{token}]={bias} must be in [-100, 100]")
+    refused on trust. The rules are the scheduler's admission's (common/sampling_rules.py)."""
+    p = sampling
+    try:
+        sampling_rules.check_logprobs(
+            "logprobs", p.logprobs if p.HasField("logprobs") else None, limits.max_logprobs
+        )
+        sampling_rules.check_logprobs(
+            "prompt_logprobs",
+            p.prompt_logprobs if p.HasField("prompt_logprobs") else None,
+            limits.max_logprobs,
+        )
+        if limits.samples:  # a pooling worker samples nothing: the values go unused
+            sampling_rules.check_values(p)
+            sampling_rules.check_vocabulary(p, limits.vocab_size)
+    except sampling_rules.SamplingRuleError as e:
+        raise InvalidStepError(f"{where}: sampling.{e.field}={e}") from None
 
 
 def _check_counts(computed: int, scheduled: int, num_tokens: int, where: str) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import grpc
 from batchwire.common.key_file import WorkerToken
+from batchwire.common.refusals import refusal_message
 from batchwire.v1 import worker_pb2
 from google.protobuf.message import DecodeError, Message
 
@@ -128,7 +129,10 @@ class WorkerServicer:
             code = status_for(e)
             if code == grpc.StatusCode.INTERNAL:
                 logger.exception("%s failed", method)
-            raise WorkerCallError(code, f"{method}: {e}") from e
+            message = f"{method}: {e}"
+            if isinstance(e, InvalidStepError):  # the requests at fault, for the scheduler
+                message = refusal_message(message, e.req_ids)
+            raise WorkerCallError(code, message) from e
         finally:
             self._lock.release()
             if self.metrics is not None:
