@@ -16,7 +16,7 @@ from scheduler_svc import SamplingParams
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.service.status_codes import status_for
 from tests.scheduler.conftest import make_scheduler
-from worker_svc.validation import InvalidStepError, StepLimits, validate_scheduler_output
+from worker_svc.batch.validation import InvalidStepError, StepLimits, validate_scheduler_output
 
 VOCAB = 512
 PROMPT = [5, 6, 7]
