@@ -17,7 +17,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.service import wire
+from scheduler_svc.service.generation_servicer import tokenized
 from scheduler_svc.service.openai import chat, completions, embeddings, errors, responses
+from scheduler_svc.service.openai.body import BoundedRoute
 from scheduler_svc.service.openai.chat import template_messages
 from scheduler_svc.service.openai.context import FrontContext
 from scheduler_svc.service.openai.errors import OpenAIError
@@ -60,7 +62,8 @@ def build_app(front: FrontContext) -> FastAPI:
                   description="OpenAI-compatible HTTP API of a batchwire scheduler")
     app.state.front = front
     errors.install(app)
-    api = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS)
+    api = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS,
+                    route_class=BoundedRoute)
 
     @api.get("/v1/models", response_model=responses.ModelList)
     async def list_models(request: Request) -> JSONResponse:
@@ -96,11 +99,17 @@ def build_app(front: FrontContext) -> FastAPI:
             msg.messages.extend(template_messages(body.messages))
         if body.add_special_tokens is not None:
             msg.add_special_tokens = body.add_special_tokens
-        add = body.add_special_tokens
+        # Bounded like a generation prompt: refused by its characters before the tokenizer
+        # spends seconds on it, tokenized off the event loop when long, and refused when its
+        # tokens cannot fit max_model_len.
         try:
-            _, ids = wire.tokenize(msg, m.tokenizer, add)
+            wire.check_prompt_chars(msg, m.max_prompt_chars, m.max_model_len)
+            _, ids = await tokenized(msg, m.tokenizer, body.add_special_tokens)
         except InvalidRequestError as e:
             raise errors.renamed(e, {"text": "prompt"}) from None
+        if len(ids) > m.max_model_len:
+            raise InvalidRequestError("messages" if body.messages else "prompt", f"{len(ids)} "
+                                      f"tokens are more than max_model_len={m.max_model_len}")
         return JSONResponse({"count": len(ids), "max_model_len": m.max_model_len,
                              "tokens": ids})
 
@@ -109,6 +118,9 @@ def build_app(front: FrontContext) -> FastAPI:
         ctx = context(request)
         m = ctx.model()
         ctx.check_model(body.model)
+        if len(body.tokens) > m.max_model_len:
+            raise InvalidRequestError("tokens", f"{len(body.tokens)} tokens are more than "
+                                      f"max_model_len={m.max_model_len}")
         msg = generate_pb2.DetokenizeRequest()
         try:
             msg.token_ids.extend(body.tokens)
