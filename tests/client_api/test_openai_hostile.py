@@ -73,6 +73,12 @@ CASES = [
     ("/v1/completions", '{"prompt": "hi", "max_tokens": 2, "logit_bias": {"5": -101}}',
      "logit_bias.5"),
     ("/detokenize", f'{{"tokens": [{2**40}]}}', "tokens[0]"),
+    ("/v1/completions", '{"max_tokens": 1, "prompt": [' + '"hi", ' * 2048 + '"hi"]}', "prompt"),
+    # 1e400 parses as infinity: refused before the admission or the worker sees it.
+    ("/v1/completions", '{"prompt": "hi", "max_tokens": 2, "repetition_penalty": 1e400}',
+     "repetition_penalty"),
+    ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], '
+     '"logit_bias": {"5": -1e400}}', "logit_bias.5"),
 ]
 
 

@@ -5,15 +5,16 @@ when large, and refused with a 4xx naming what was wrong before any handler sees
   `default_max_request_bytes`) is a 413: the bytes past the limit are dropped as they arrive
   (DISCARD_BYTES), so a 50 MB body is never held whole, and never parsed.
 - Bytes that are not UTF-8, JSON that is not JSON (NaN and Infinity included: they are not in
-  the standard and no OpenAI field takes them), nesting deeper than MAX_DEPTH and text holding a
-  lone UTF-16 surrogate (which no tokenizer or protobuf string can encode) are a 400, the last
-  naming the field.
+  the standard and no OpenAI field takes them), nesting deeper than MAX_DEPTH, numbers that
+  overflow a float (1e400) and text holding a lone UTF-16 surrogate (which no tokenizer or
+  protobuf string can encode) are a 400, the last two naming the field.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -118,8 +119,9 @@ def parse(body: bytes) -> Any:
 
 
 def check_text(value: Any) -> None:
-    """Refuses nesting deeper than MAX_DEPTH and any string (or key) holding a lone surrogate,
-    naming where: `messages[0].content`. Iterative, so that depth cannot overflow the stack."""
+    """Refuses nesting deeper than MAX_DEPTH, any string (or key) holding a lone surrogate, and
+    a number too large for a float (`1e400` parses as infinity), naming where:
+    `messages[0].content`. Iterative, so that depth cannot overflow the stack."""
     stack: list[tuple[Any, str, int]] = [(value, "", 0)]
     while stack:
         item, path, depth = stack.pop()
@@ -127,16 +129,23 @@ def check_text(value: Any) -> None:
             raise BodyError(400, f"body: nested more than {MAX_DEPTH} levels deep", path or None)
         if isinstance(item, str):
             _check_string(item, path)
+        elif isinstance(item, float):
+            _check_float(item, path)
         elif isinstance(item, dict):
             for key, child in item.items():
                 _check_string(key, path or "body", "a key of ")
-                where = f"{path}.{key}" if path else key
-                if isinstance(child, dict | list | str):
-                    stack.append((child, where, depth + 1))
+                if isinstance(child, dict | list | str | float):
+                    stack.append((child, f"{path}.{key}" if path else key, depth + 1))
         elif isinstance(item, list):
             for i, child in enumerate(item):
-                if isinstance(child, dict | list | str):
+                if isinstance(child, dict | list | str | float):
                     stack.append((child, f"{path}[{i}]", depth + 1))
+
+
+def _check_float(number: float, path: str) -> None:
+    if not math.isfinite(number):
+        raise BodyError(400, f"{path or 'body'}: a number too large for a float (read as "
+                        f"{number}); numbers must be finite", path or None)
 
 
 def _check_string(text: str, path: str, what: str = "") -> None:

@@ -3,6 +3,7 @@ health service, the metrics registry, the served model names and the API keys.""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -84,6 +85,7 @@ class FrontContext:
         try:
             for request in requests:
                 admitted.append(await self.admit(request, names))
+                await asyncio.sleep(0)  # a batch's admissions leave the loop to other clients
         except BaseException:
             for a in admitted:
                 a.release()

@@ -164,14 +164,23 @@ class DetokenizeRequest(_Body):
     tokens: list[Int32]
 
 
+# Prompts (or inputs) one request may hold, OpenAI's own limit on an embeddings input array: each
+# is admitted as a request of its own, so 10,000 of them would hold a connection for minutes.
+MAX_BATCH = 2048
+
+
 def as_batch(value: Any, field: str) -> list[Any]:
     """A prompt or input field as a list of items: one string or token id list is a batch of
-    one; an empty list is refused."""
+    one; an empty list, or one of more than MAX_BATCH items, is refused."""
     if isinstance(value, str):
         return [value]
     if not value:
         raise InvalidRequestError(field, "nothing given (an empty list)")
-    return [value] if isinstance(value[0], int) else list(value)
+    if isinstance(value[0], int):
+        return [value]
+    if len(value) > MAX_BATCH:
+        raise InvalidRequestError(field, f"{len(value)} items; at most {MAX_BATCH} per request")
+    return list(value)
 
 
 SamplingFields.model_rebuild()
