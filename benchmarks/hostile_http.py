@@ -535,6 +535,33 @@ def verdict(result: dict[str, Any]) -> dict[str, bool]:
     }
 
 
+def group_table(cases: list[dict[str, Any]]) -> list[str]:
+    """One row per group of the saved cases (hostile-http.json's): statuses, error objects,
+    the slowest answer and the largest RSS growth."""
+    lines = ["| group | cases | statuses | 4xx with an error object | slowest s | RSS growth MB |",
+             "|---|---|---|---|---|---|"]
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for c in cases:
+        groups.setdefault(c["group"], []).append(c)
+    for group, members in groups.items():
+        counts: dict[int, int] = {}
+        for c in members:
+            counts[c["status"]] = counts.get(c["status"], 0) + 1
+        statuses = ", ".join(f"{n}x {s or 'closed'}" for s, n in sorted(counts.items()))
+        four = [c for c in members if 400 <= c["status"] < 500]
+        objects = f"{sum(c['error_object'] for c in four)}/{len(four)}"
+        lines.append(f"| {group} | {len(members)} | {statuses} | {objects} | "
+                     f"{max(c['seconds'] for c in members):.2f} | "
+                     f"{max(c['rss_growth_bytes'] for c in members) / MB:.0f} |")
+    return lines
+
+
+def as_dicts(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    return [{"group": o.case.group, "case": o.case.name, "status": o.status,
+             "error_object": o.error_object, "http_layer": o.case.http_layer,
+             "seconds": o.seconds, "rss_growth_bytes": o.rss_growth} for o in outcomes]
+
+
 def report(result: dict[str, Any], args: argparse.Namespace) -> list[str]:
     lines = ["| group | case | status | error object | s | RSS growth MB |",
              "|---|---|---|---|---|---|"]
@@ -546,8 +573,9 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> list[str]:
     for o in result["outcomes"]:
         statuses[o.status] = statuses.get(o.status, 0) + 1
     peak = max(result["outcomes"], key=lambda o: o.rss_growth)
-    lines += ["", f"cases: {len(result['outcomes'])}; statuses: "
-              + ", ".join(f"{s or 'closed'}: {n}" for s, n in sorted(statuses.items())),
+    counts = ", ".join(f"{s or 'closed'}: {n}" for s, n in sorted(statuses.items()))
+    lines += ["", *group_table(as_dicts(result["outcomes"])), "",
+              f"cases: {len(result['outcomes'])}; statuses: {counts}",
               f"greedy stream worst gap: idle {result['idle_gap_s']:.3f} s, during the table "
               f"{result['busy_gap_s']:.3f} s ({result['busy_streams']} streams; bar "
               f"{5 * result['idle_gap_s'] + 0.2:.3f} s)",
@@ -564,10 +592,7 @@ def run(args: argparse.Namespace) -> None:
     Path(args.results).mkdir(parents=True, exist_ok=True)
     checks = verdict(result)
     summary = {
-        "cases": [{"group": o.case.group, "case": o.case.name, "status": o.status,
-                   "error_object": o.error_object, "http_layer": o.case.http_layer,
-                   "seconds": o.seconds, "rss_growth_bytes": o.rss_growth}
-                  for o in result["outcomes"]],
+        "cases": as_dicts(result["outcomes"]),
         **{k: result[k] for k in ("idle_gap_s", "busy_gap_s", "busy_streams", "alive",
                                   "greedy_unchanged", "baseline_rss")},
         "checks": checks}

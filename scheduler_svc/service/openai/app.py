@@ -38,7 +38,19 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": responses.ErrorResponse} for s in statuses}
 
 
-ERRORS = _errors(400, 401, 404, 429, 503)
+ERRORS = _errors(400, 401, 404, 413, 429, 503)
+# OpenAPI links: what a response gives the next request (fuzzers follow them, e.g. schemathesis's
+# stateful runs: the tokens /tokenize returns go to /detokenize, a listed model to a completion).
+_MODEL = "$response.body#/data/0/id"
+MODEL_LINKS = {200: {"links": {
+    "complete": {"operationId": "create_completion", "requestBody": {"model": _MODEL}},
+    "chat": {"operationId": "create_chat_completion", "requestBody": {"model": _MODEL}},
+    "tokenize": {"operationId": "tokenize", "requestBody": {"model": _MODEL}}}}}
+TOKEN_LINKS = {200: {"links": {
+    "detokenize": {"operationId": "detokenize",
+                   "requestBody": {"tokens": "$response.body#/tokens"}},
+    "complete": {"operationId": "create_completion",
+                 "requestBody": {"prompt": "$response.body#/tokens"}}}}}
 
 
 def context(request: Request) -> FrontContext:
@@ -65,7 +77,8 @@ def build_app(front: FrontContext) -> FastAPI:
     api = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS,
                     route_class=BoundedRoute)
 
-    @api.get("/v1/models", response_model=responses.ModelList)
+    @api.get("/v1/models", response_model=responses.ModelList, operation_id="list_models",
+             responses=MODEL_LINKS)
     async def list_models(request: Request) -> JSONResponse:
         ctx = context(request)
         m = ctx.model()
@@ -74,12 +87,14 @@ def build_app(front: FrontContext) -> FastAPI:
         return JSONResponse({"object": "list", "data": cards})
 
     @api.post("/v1/completions", response_model=responses.CompletionResponse,
-              responses={200: {"content": {"text/event-stream": {}}}})
+              responses={200: {"content": {"text/event-stream": {}}}},
+              operation_id="create_completion")
     async def create_completion(body: CompletionRequest, request: Request) -> Response:
         return await completions.create(body, request, context(request))
 
     @api.post("/v1/chat/completions", response_model=responses.ChatCompletionResponse,
-              responses={200: {"content": {"text/event-stream": {}}}})
+              responses={200: {"content": {"text/event-stream": {}}}},
+              operation_id="create_chat_completion")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
         return await chat.create(body, request, context(request))
 
@@ -87,7 +102,8 @@ def build_app(front: FrontContext) -> FastAPI:
     async def create_embedding(body: EmbeddingRequest, request: Request) -> JSONResponse:
         return await embeddings.create(body, context(request))
 
-    @api.post("/tokenize", response_model=responses.TokenizeResponse)
+    @api.post("/tokenize", response_model=responses.TokenizeResponse, operation_id="tokenize",
+              responses=TOKEN_LINKS)
     async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
         ctx = context(request)
         m = ctx.model()
@@ -113,7 +129,8 @@ def build_app(front: FrontContext) -> FastAPI:
         return JSONResponse({"count": len(ids), "max_model_len": m.max_model_len,
                              "tokens": ids})
 
-    @api.post("/detokenize", response_model=responses.DetokenizeResponse)
+    @api.post("/detokenize", response_model=responses.DetokenizeResponse,
+              operation_id="detokenize")
     async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
         ctx = context(request)
         m = ctx.model()
