@@ -126,7 +126,7 @@ def check_text(value: Any) -> None:
     while stack:
         item, path, depth = stack.pop()
         if depth > MAX_DEPTH:
-            raise BodyError(400, f"body: nested more than {MAX_DEPTH} levels deep", path or None)
+            raise BodyError(400, f"body: nested more than {MAX_DEPTH} levels deep")
         if isinstance(item, str):
             _check_string(item, path)
         elif isinstance(item, float):
