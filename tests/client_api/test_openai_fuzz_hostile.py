@@ -8,7 +8,7 @@ is OpenAI's error object.
   raw bytes), integers far past int64, floats past a double, deep nesting, values of the wrong
   type, put into a valid request of each route.
 
-Bounded: ~200 examples in all, valid requests capped at 3 tokens (see test_openai_fuzz.py for
+Bounded: ~80 examples in all, valid requests capped at 3 tokens (see test_openai_fuzz.py for
 schemathesis's plain positive and negative runs).
 """
 
@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 pytestmark = pytest.mark.slow
 
-GREEDY = {"prompt": "The capital of France is", "max_tokens": 3, "temperature": 0}
+GREEDY = {"prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
 CAPS = {"max_tokens": 3, "max_completion_tokens": 3, "n": 2, "min_tokens": 2}
 
 
@@ -79,11 +79,12 @@ def test_stateful_links_never_5xx_and_greedy_unchanged(server):
             check_answer(response.status_code, response.content, case.as_curl_command())
             assert greedy_text(port) == reference, case.as_curl_command()
 
-    Workflow.run(settings=settings(max_examples=12, stateful_step_count=4, deadline=None,
+    Workflow.run(settings=settings(max_examples=6, stateful_step_count=3, deadline=None,
                                    database=None, derandomize=True,
                                    suppress_health_check=list(HealthCheck)))
     labels = {label for label, _ in steps}
-    assert {"POST /tokenize", "POST /detokenize"} <= labels, labels
+    # /v1/models has no incoming link, so runs start there; the others are reached through links.
+    assert {"GET /v1/models", "POST /tokenize"} <= labels, labels
     assert any(s == 200 for _, s in steps) and any(400 <= s < 500 for _, s in steps)
 
 
@@ -166,7 +167,7 @@ def test_hostile_values_never_5xx_and_greedy_unchanged(server):
     reference = greedy_text(port)
     statuses: list[int] = []
 
-    @settings(max_examples=150, deadline=None, database=None, derandomize=True,
+    @settings(max_examples=60, deadline=None, database=None, derandomize=True,
               suppress_health_check=list(HealthCheck))
     @given(request=hostile_requests())
     def call(request: tuple[str, bytes]) -> None:
