@@ -42,11 +42,11 @@ ERRORS = _errors(400, 401, 404, 413, 429, 503)
 # OpenAPI links: what a response gives the next request (fuzzers follow them, e.g. schemathesis's
 # stateful runs: the tokens /tokenize returns go to /detokenize, a listed model to a completion).
 _MODEL = "$response.body#/data/0/id"
-MODEL_LINKS = {200: {"links": {
+MODEL_LINKS: dict[int | str, dict[str, Any]] = {200: {"links": {
     "complete": {"operationId": "create_completion", "requestBody": {"model": _MODEL}},
     "chat": {"operationId": "create_chat_completion", "requestBody": {"model": _MODEL}},
     "tokenize": {"operationId": "tokenize", "requestBody": {"model": _MODEL}}}}}
-TOKEN_LINKS = {200: {"links": {
+TOKEN_LINKS: dict[int | str, dict[str, Any]] = {200: {"links": {
     "detokenize": {"operationId": "detokenize",
                    "requestBody": {"tokens": "$response.body#/tokens"}},
     "complete": {"operationId": "create_completion",
