@@ -10,7 +10,8 @@ against its peers on this machine, in one run. Each benchmark prints its tables 
   soak        a mixed load for --minutes (10): RSS, open fds, KV blocks and latency over time
   overhead    the engine's own time per decode step on a near-zero-cost model, by transport
   chaos       workers killed, frozen and drained in turn under load: every request intact
-  all         every one of them, in that order
+  hostile-http  hostile requests to the HTTP front beside a greedy stream: statuses, gap, RSS
+  all         every one of them but hostile-http (a robustness check, not a measurement)
 """
 
 from __future__ import annotations
@@ -43,7 +44,11 @@ BENCHMARKS = {
                  "the engine's own time per decode step on a near-zero-cost model, by transport"),
     "chaos": ("reliability.chaos",
               "workers killed, frozen and drained in turn under load: every request intact"),
+    "hostile-http": ("reliability.hostile_http", "hostile requests to the HTTP front beside a "
+                     "greedy stream: statuses, gap, RSS"),
 }
+# What `all` runs: hostile-http checks the HTTP front's refusals rather than measuring speed.
+MEASUREMENTS = [name for name in BENCHMARKS if name != "hostile-http"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common], help=BENCHMARKS[name][1],
                            description=module.__doc__)
         module.add_arguments(p)
-    sub.add_parser("all", parents=[common], help="every benchmark, with its defaults")
+    sub.add_parser("all", parents=[common], help="every benchmark but hostile-http, with its "
+                   "defaults")
     return parser
 
 
@@ -91,7 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_threads(args.threads)
     every = args.benchmark == "all"
     parser = build_parser()
-    for name in list(BENCHMARKS) if every else [args.benchmark]:
+    for name in MEASUREMENTS if every else [args.benchmark]:
         module = _module(name)
         if every:  # this benchmark's own defaults under the common options given
             args = parser.parse_args([name, *(argv if argv is not None else sys.argv[1:])[1:]])

@@ -45,7 +45,8 @@ class ServeProcess:
             self._check(deadline)
             time.sleep(0.1)
         info = json.loads(ready.read_text())
-        self.http_url = f"http://127.0.0.1:{info['http_port']}"  # the OpenAI-compatible API
+        self.http_port = info["http_port"]
+        self.http_url = f"http://127.0.0.1:{self.http_port}"  # the OpenAI-compatible API
         self.metrics_port = info["metrics_port"]
         return f"127.0.0.1:{info['port']}"
 

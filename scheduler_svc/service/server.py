@@ -89,6 +89,7 @@ class ServerConfig:
     # The OpenAI-compatible HTTP API (service/openai/): None = none; 0 = any free port.
     http_port: int | None = 8000
     served_model_names: tuple[str, ...] = ()  # what /v1/models lists; () = the model's name
+    max_request_bytes: int | None = None  # HTTP bodies; None: sized from the model (body.py)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -103,6 +104,9 @@ class ServerConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.replicas < 0:
             raise ValueError(f"replicas must be at least 0, got {self.replicas}")
+        if self.max_request_bytes is not None and self.max_request_bytes < 1 << 10:
+            raise ValueError(f"max_request_bytes must be at least 1 KiB, got "
+                             f"{self.max_request_bytes}")
         if self.max_message_bytes < 1 << 16:
             raise ValueError(f"max_message_bytes must be at least 64 KiB, got "
                              f"{self.max_message_bytes}")
@@ -375,7 +379,7 @@ class SchedulerServer:
         cfg = self.config
         keys = ApiKeys.from_file(cfg.api_key_file) if cfg.api_key_file else None
         context = FrontContext(self.servicer, self.health, self.metrics.registry, version(),
-                               cfg.served_model_names, keys)
+                               cfg.served_model_names, keys, cfg.max_request_bytes)
         self.http = HttpFront(context, cfg.host, cfg.http_port or 0, cfg.tls)
         await self.http.start()
 

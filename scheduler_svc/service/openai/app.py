@@ -17,7 +17,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.service import wire
+from scheduler_svc.service.generation_servicer import tokenized
 from scheduler_svc.service.openai import chat, completions, embeddings, errors, responses
+from scheduler_svc.service.openai.body import BoundedRoute
 from scheduler_svc.service.openai.chat import template_messages
 from scheduler_svc.service.openai.context import FrontContext
 from scheduler_svc.service.openai.errors import OpenAIError
@@ -36,7 +38,19 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {s: {"model": responses.ErrorResponse} for s in statuses}
 
 
-ERRORS = _errors(400, 401, 404, 429, 503)
+ERRORS = _errors(400, 401, 404, 413, 429, 503)
+# OpenAPI links: what a response gives the next request (fuzzers follow them, e.g. schemathesis's
+# stateful runs: the tokens /tokenize returns go to /detokenize, a listed model to a completion).
+_MODEL = "$response.body#/data/0/id"
+MODEL_LINKS: dict[int | str, dict[str, Any]] = {200: {"links": {
+    "complete": {"operationId": "create_completion", "requestBody": {"model": _MODEL}},
+    "chat": {"operationId": "create_chat_completion", "requestBody": {"model": _MODEL}},
+    "tokenize": {"operationId": "tokenize", "requestBody": {"model": _MODEL}}}}}
+TOKEN_LINKS: dict[int | str, dict[str, Any]] = {200: {"links": {
+    "detokenize": {"operationId": "detokenize",
+                   "requestBody": {"tokens": "$response.body#/tokens"}},
+    "complete": {"operationId": "create_completion",
+                 "requestBody": {"prompt": "$response.body#/tokens"}}}}}
 
 
 def context(request: Request) -> FrontContext:
@@ -60,9 +74,11 @@ def build_app(front: FrontContext) -> FastAPI:
                   description="OpenAI-compatible HTTP API of a batchwire scheduler")
     app.state.front = front
     errors.install(app)
-    api = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS)
+    api = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS,
+                    route_class=BoundedRoute)
 
-    @api.get("/v1/models", response_model=responses.ModelList)
+    @api.get("/v1/models", response_model=responses.ModelList, operation_id="list_models",
+             responses=MODEL_LINKS)
     async def list_models(request: Request) -> JSONResponse:
         ctx = context(request)
         m = ctx.model()
@@ -71,12 +87,14 @@ def build_app(front: FrontContext) -> FastAPI:
         return JSONResponse({"object": "list", "data": cards})
 
     @api.post("/v1/completions", response_model=responses.CompletionResponse,
-              responses={200: {"content": {"text/event-stream": {}}}})
+              responses={200: {"content": {"text/event-stream": {}}}},
+              operation_id="create_completion")
     async def create_completion(body: CompletionRequest, request: Request) -> Response:
         return await completions.create(body, request, context(request))
 
     @api.post("/v1/chat/completions", response_model=responses.ChatCompletionResponse,
-              responses={200: {"content": {"text/event-stream": {}}}})
+              responses={200: {"content": {"text/event-stream": {}}}},
+              operation_id="create_chat_completion")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
         return await chat.create(body, request, context(request))
 
@@ -84,7 +102,8 @@ def build_app(front: FrontContext) -> FastAPI:
     async def create_embedding(body: EmbeddingRequest, request: Request) -> JSONResponse:
         return await embeddings.create(body, context(request))
 
-    @api.post("/tokenize", response_model=responses.TokenizeResponse)
+    @api.post("/tokenize", response_model=responses.TokenizeResponse, operation_id="tokenize",
+              responses=TOKEN_LINKS)
     async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
         ctx = context(request)
         m = ctx.model()
@@ -96,19 +115,29 @@ def build_app(front: FrontContext) -> FastAPI:
             msg.messages.extend(template_messages(body.messages))
         if body.add_special_tokens is not None:
             msg.add_special_tokens = body.add_special_tokens
-        add = body.add_special_tokens
+        # Bounded like a generation prompt: refused by its characters before the tokenizer
+        # spends seconds on it, tokenized off the event loop when long, and refused when its
+        # tokens cannot fit max_model_len.
         try:
-            _, ids = wire.tokenize(msg, m.tokenizer, add)
+            wire.check_prompt_chars(msg, m.max_prompt_chars, m.max_model_len)
+            _, ids = await tokenized(msg, m.tokenizer, body.add_special_tokens)
         except InvalidRequestError as e:
             raise errors.renamed(e, {"text": "prompt"}) from None
+        if len(ids) > m.max_model_len:
+            raise InvalidRequestError("messages" if body.messages else "prompt", f"{len(ids)} "
+                                      f"tokens are more than max_model_len={m.max_model_len}")
         return JSONResponse({"count": len(ids), "max_model_len": m.max_model_len,
                              "tokens": ids})
 
-    @api.post("/detokenize", response_model=responses.DetokenizeResponse)
+    @api.post("/detokenize", response_model=responses.DetokenizeResponse,
+              operation_id="detokenize")
     async def detokenize(body: DetokenizeRequest, request: Request) -> JSONResponse:
         ctx = context(request)
         m = ctx.model()
         ctx.check_model(body.model)
+        if len(body.tokens) > m.max_model_len:
+            raise InvalidRequestError("tokens", f"{len(body.tokens)} tokens are more than "
+                                      f"max_model_len={m.max_model_len}")
         msg = generate_pb2.DetokenizeRequest()
         try:
             msg.token_ids.extend(body.tokens)

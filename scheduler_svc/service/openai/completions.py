@@ -8,6 +8,7 @@ evaluation harnesses: the prompt runs with max_tokens 1 and the sampled token is
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -38,6 +39,7 @@ async def prompts(prompt: Any, m: LoadedModel) -> list[tuple[str | None, list[in
     for p in as_batch(prompt, "prompt"):
         if isinstance(p, str):
             out.append((p, await prompt_token_ids(generate_pb2.GenerateRequest(text=p), m)))
+            await asyncio.sleep(0)  # short prompts tokenize on the loop: let others in between
         else:
             out.append((None, list(p)))
     return out

@@ -3,6 +3,7 @@ health service, the metrics registry, the served model names and the API keys.""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any
@@ -13,6 +14,7 @@ from grpc_health.v1 import health_pb2
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.engine.async_engine import RequestStream
 from scheduler_svc.service.generation_servicer import GenerationServicer, LoadedModel
+from scheduler_svc.service.openai.body import MIN_MAX_REQUEST_BYTES, default_max_request_bytes
 from scheduler_svc.service.openai.errors import OpenAIError, renamed
 from scheduler_svc.service.security import ApiKeys
 
@@ -38,10 +40,18 @@ class FrontContext:
     version: str
     served_model_names: tuple[str, ...] = ()  # () = the model's own name
     api_keys: ApiKeys | None = None
+    request_bytes_limit: int | None = None  # --max-request-bytes; None: sized from the model
     started: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
     def model(self) -> LoadedModel:
         return self.servicer._loaded()  # NotReadyError (503) while loading
+
+    def max_request_bytes(self) -> int:
+        if self.request_bytes_limit is not None:
+            return self.request_bytes_limit
+        if self.servicer.model is None:  # loading: every route answers 503 anyway
+            return MIN_MAX_REQUEST_BYTES
+        return default_max_request_bytes(self.servicer.model.max_prompt_chars)
 
     def names(self) -> tuple[str, ...]:
         return self.served_model_names or (self.model().model_name,)
@@ -75,6 +85,7 @@ class FrontContext:
         try:
             for request in requests:
                 admitted.append(await self.admit(request, names))
+                await asyncio.sleep(0)  # a batch's admissions leave the loop to other clients
         except BaseException:
             for a in admitted:
                 a.release()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -32,7 +32,8 @@ _HTTP_STATUS = {
     grpc.StatusCode.UNAVAILABLE: 503,  # loading, draining, no worker left
 }
 _TYPES = {400: "invalid_request_error", 401: "authentication_error",
-          404: "invalid_request_error", 409: "invalid_request_error", 429: "rate_limit_error",
+          404: "invalid_request_error", 409: "invalid_request_error",
+          413: "invalid_request_error", 429: "rate_limit_error",
           503: "service_unavailable_error"}
 _CODES = {429: "queue_full", 503: "service_unavailable"}
 
@@ -90,20 +91,32 @@ def _param(loc: tuple[Any, ...]) -> str:
     return text or "body"
 
 
+def _most_specific(errors: Sequence[Any]) -> Any:
+    """The error to report: of a union (`prompt` is a string, or a list of ids, or ...), the
+    branch whose type matched but whose value did not (`prompt[0]` out of range), else the first."""
+    if not errors:
+        return {"loc": (), "msg": "invalid body"}
+    for error in errors:
+        if not str(error.get("type", "")).endswith(("_type", "_parsing")):
+            return error
+    return errors[0]
+
+
 def install(app: FastAPI) -> None:
     """Every error leaves as an OpenAI error object: ours, FastAPI's (404 route, 405 method, a
     body of the wrong types) and the engine's."""
 
     async def validation(request: Request, e: Exception) -> JSONResponse:
         assert isinstance(e, RequestValidationError)
-        first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid body"}
+        first = _most_specific(e.errors())
         param = _param(tuple(first.get("loc", ())))
         return JSONResponse(body(400, f"{param}: {first.get('msg')}", param), 400)
 
     async def http(request: Request, e: Exception) -> JSONResponse:
         assert isinstance(e, HTTPException)
-        return JSONResponse(body(e.status_code, str(e.detail)), e.status_code,
-                            headers=getattr(e, "headers", None))
+        # BodyError (body.py) names the field it refused.
+        return JSONResponse(body(e.status_code, str(e.detail), getattr(e, "param", None)),
+                            e.status_code, headers=getattr(e, "headers", None))
 
     async def engine(request: Request, e: Exception) -> JSONResponse:
         status, content = as_body(e)
