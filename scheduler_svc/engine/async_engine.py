@@ -285,10 +285,11 @@ class AsyncEngine:
         self.core.fail_parked(dead)  # the moved ones' streams end in _die
 
     def _publish_stats(self) -> None:
-        """Sums over the replicas' schedulers."""
+        """Sums over the replicas' schedulers. The metrics count a step before GetServerInfo can
+        report it, so a client that saw the engine idle reads metrics that include its last step."""
         schedulers = [r.core.scheduler for r in self.core.replicas]
         total = sum(s.kv.pool.num_blocks - 1 for s in schedulers)
-        self.stats = EngineStats(
+        stats = EngineStats(
             num_running=sum(len(s.running) for s in schedulers),
             # Requests waiting for a replica (the grace period) wait too.
             num_waiting=sum(len(s.waiting) for s in schedulers) + len(self.core.parked),
@@ -304,7 +305,8 @@ class AsyncEngine:
             drafted_per_position=_sum_lists([s.stats.drafted_per_position for s in schedulers]),
             accepted_per_position=_sum_lists([s.stats.accepted_per_position for s in schedulers]))
         if self.observer is not None:
-            self.observer.observe_engine(self.stats)
+            self.observer.observe_engine(stats)
+        self.stats = stats
 
     def _call_soon(self, fn: Callable, *args: Any) -> None:
         assert self._loop is not None
