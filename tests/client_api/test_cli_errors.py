@@ -61,12 +61,13 @@ def test_ctrl_c_during_generate_cancels_and_prints_one_line(stalling_server):
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert servicer.started.wait(60)
-    time.sleep(0.3)  # the first message has reached the client
+    first = process.stdout.read(len("Once upon"))  # Ctrl-C only once the client is streaming
+    assert first == "Once upon", (first, process.stderr.read())
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
     assert process.returncode == 130
     assert err.strip().splitlines() == ["batchwire generate: interrupted"]
-    assert out.startswith("Once upon")
+    assert out == "\n"  # the streamed line ended, and nothing more
     assert servicer.cancelled.wait(10), "the server never saw the stream cancelled"
 
 
