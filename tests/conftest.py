@@ -99,8 +99,9 @@ def default_worker():
 
 
 # One shared `batchwire serve` per test session (model loading dominates the time), and the
-# offline API in this process as the reference for what it streams; both load at the same time.
-# Every folder's server tests use these (tests/client_api, tests/structured_output).
+# offline API in this process as the reference for what it streams. Every folder's server tests
+# use the server (tests/client_api, tests/structured_output); only the files that compare with
+# the offline API load it, so a test process that runs none of them loads the model once.
 @pytest.fixture(scope="session")
 def server_process(tmp_path_factory):
     """Started (port bound, model loading), not yet serving."""
@@ -113,8 +114,8 @@ def server_process(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def offline_llm(server_process, default_tokenizer):
-    """The offline API on the server's settings (same dtype and step budget), loaded while the
-    server loads."""
+    """The offline API on the server's settings (same dtype and step budget); it loads while
+    the server does when asked for first."""
     from scheduler_svc import LLM
 
     llm = LLM(dtype="float32", tokenizer=default_tokenizer, kv_cache_memory_bytes=64 << 20,
@@ -124,6 +125,6 @@ def offline_llm(server_process, default_tokenizer):
 
 
 @pytest.fixture(scope="session")
-def server(server_process, offline_llm):
+def server(server_process):
     server_process.wait_serving()
     return server_process

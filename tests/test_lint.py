@@ -20,6 +20,9 @@ def test_ruff_passes():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_mypy_passes(tmp_path):
-    result = run("mypy", "--cache-dir", str(tmp_path), *CODE)
+def test_mypy_passes():
+    # The repository's own .mypy_cache, as `make lint` uses: a fresh clone's first run analyses
+    # torch and the rest (90 s on 2 cores); a later one rechecks only the files that changed
+    # since (3 s), which mypy's incremental mode checks as fully as a fresh run.
+    result = run("mypy", *CODE)
     assert result.returncode == 0, result.stdout + result.stderr

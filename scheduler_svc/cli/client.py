@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
 
 import grpc
 from batchwire.common.tls import ClientTls, channel
@@ -34,6 +37,32 @@ def with_default_port(address: str) -> str:
     return f"{address}:{DEFAULT_PORT}"
 
 
+@contextmanager
+def interrupt_cancels(call: Any) -> Iterator[None]:
+    """Ctrl-C while `call` (a gRPC call or future) is under way cancels it; KeyboardInterrupt is
+    raised here once the call has ended. Left to Python's default handler, KeyboardInterrupt is
+    raised at whatever line of gRPC's own Python code the main thread runs, which can leave a
+    call's state half-updated: closing the channel then waits for that call forever. Main thread
+    only (signal handlers are set there)."""
+    interrupted = False
+
+    def cancel(signum: int, frame: Any) -> None:
+        nonlocal interrupted
+        interrupted = True
+        call.cancel()
+
+    previous = signal.signal(signal.SIGINT, cancel)
+    try:
+        yield
+    except (grpc.RpcError, grpc.FutureCancelledError):
+        if not interrupted:
+            raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if interrupted:
+        raise KeyboardInterrupt
+
+
 class GenerationClient:
     def __init__(self, address: str = DEFAULT_ADDRESS, tls: ClientTls | None = None,
                  api_key: str | None = None) -> None:
@@ -45,8 +74,10 @@ class GenerationClient:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Raises ConnectionError when no server answers at the address within timeout_s."""
+        ready = grpc.channel_ready_future(self.channel)
         try:
-            grpc.channel_ready_future(self.channel).result(timeout=timeout_s)
+            with interrupt_cancels(ready):
+                ready.result(timeout=timeout_s)
         except grpc.FutureTimeoutError:
             raise ConnectionError(f"cannot reach a server at {self.address} within "
                                   f"{timeout_s:g} s (is one running? --address HOST:PORT "
@@ -57,13 +88,17 @@ class GenerationClient:
         """The response stream; closing the iterator early cancels the request."""
         call = self.stub.Generate(request, timeout=timeout_s, metadata=self.metadata)
         try:
-            yield from call
+            with interrupt_cancels(call):
+                yield from call
         finally:
             call.cancel()
 
     def model_info(self) -> generate_pb2.GetModelInfoResponse:
-        return self.stub.GetModelInfo(generate_pb2.GetModelInfoRequest(), timeout=30,
-                                      metadata=self.metadata)
+        call = self.stub.GetModelInfo.future(generate_pb2.GetModelInfoRequest(), timeout=30,
+                                             metadata=self.metadata)
+        with interrupt_cancels(call):
+            info = call.result()
+        return info
 
     def chat_request(self, messages: Sequence[tuple[str, str]],
                      sampling: generate_pb2.SamplingParams) -> generate_pb2.GenerateRequest:

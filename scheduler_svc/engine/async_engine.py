@@ -163,7 +163,7 @@ class AsyncEngine:
         """Starts the engine thread; call from the event loop that will read the streams."""
         self._loop = asyncio.get_running_loop()
         self._idle.set()
-        self._publish_stats()
+        self.stats = self._collect_stats()
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
 
@@ -278,9 +278,9 @@ class AsyncEngine:
                 except NoReplicaError as e:  # some requests lost their replica; the rest go on
                     outputs = e.outputs
                     self._call_soon(self._fail, e.request_ids, e)
-                self._publish_stats()
-                if outputs:
-                    self._call_soon(self._deliver, outputs)
+                # The stats and the outputs reach the loop in one call: whoever GetServerInfo
+                # shows the engine idle reads metrics that count every request's end (_deliver).
+                self._call_soon(self._publish, self._collect_stats(), outputs)
         except Exception as e:  # an engine bug: every request, present and future, fails
             logger.exception("the engine loop stopped")
             self._fail_pending(e)
@@ -293,11 +293,17 @@ class AsyncEngine:
                 refuse(command.admitted, dead)
         self.core.fail_parked(dead)  # the moved ones' streams end in _die
 
-    def _publish_stats(self) -> None:
-        """Sums over the replicas' schedulers."""
+    def _publish(self, stats: EngineStats, outputs: list[EngineCoreOutput]) -> None:
+        self.stats = stats
+        if outputs:
+            self._deliver(outputs)
+
+    def _collect_stats(self) -> EngineStats:
+        """Sums over the replicas' schedulers. The metrics count a step before GetServerInfo can
+        report it, so a client that saw the engine idle reads metrics that include its last step."""
         schedulers = [r.core.scheduler for r in self.core.replicas]
         total = sum(s.kv.pool.num_blocks - 1 for s in schedulers)
-        self.stats = EngineStats(
+        stats = EngineStats(
             num_running=sum(len(s.running) for s in schedulers),
             # Requests waiting for a replica (the grace period) wait too.
             num_waiting=sum(len(s.waiting) for s in schedulers) + len(self.core.parked),
@@ -314,7 +320,8 @@ class AsyncEngine:
             drafted_per_position=_sum_lists([s.stats.drafted_per_position for s in schedulers]),
             accepted_per_position=_sum_lists([s.stats.accepted_per_position for s in schedulers]))
         if self.observer is not None:
-            self.observer.observe_engine(self.stats)
+            self.observer.observe_engine(stats)
+        return stats
 
     def _call_soon(self, fn: Callable, *args: Any) -> None:
         assert self._loop is not None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -88,6 +89,15 @@ class ServerProcess:
             if time.monotonic() > deadline:
                 raise AssertionError(f"not idle after {timeout_s:.0f} s: {info}")
             time.sleep(0.05)
+
+    def scheduled_prompt_tokens(self) -> float:
+        """Prompt tokens looked up in the prefix cache, which the scheduler does once for each
+        request it admits to a step: only a request that reached the engine moves this count.
+        (The step count is no such measure: the step that tells the worker an earlier request
+        has finished comes after that request's stream ended and the server reported idle.)"""
+        match = re.search(r"^batchwire_prefix_cache_queries_total (\S+)$", self.metrics(), re.M)
+        assert match, "no prefix-cache query counter in /metrics"
+        return float(match.group(1))
 
     def metrics(self) -> str:
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"

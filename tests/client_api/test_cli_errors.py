@@ -38,6 +38,15 @@ class _Stalling(generate_pb2_grpc.GenerationServicer):
             time.sleep(0.05)
 
 
+    def GetModelInfo(self, request, context):
+        """Answers nothing until the client goes away."""
+        context.add_callback(self.cancelled.set)
+        self.started.set()
+        while context.is_active():
+            time.sleep(0.05)
+        return generate_pb2.GetModelInfoResponse()
+
+
 @pytest.fixture
 def stalling_server():
     servicer = _Stalling()
@@ -61,13 +70,28 @@ def test_ctrl_c_during_generate_cancels_and_prints_one_line(stalling_server):
                                cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     assert servicer.started.wait(60)
-    time.sleep(0.3)  # the first message has reached the client
+    first = process.stdout.read(len("Once upon"))  # Ctrl-C only once the client is streaming
+    assert first == "Once upon", (first, process.stderr.read())
     process.send_signal(signal.SIGINT)
     out, err = process.communicate(timeout=30)
     assert process.returncode == 130
     assert err.strip().splitlines() == ["batchwire generate: interrupted"]
-    assert out.startswith("Once upon")
+    assert out == "\n"  # the streamed line ended, and nothing more
     assert servicer.cancelled.wait(10), "the server never saw the stream cancelled"
+
+
+def test_ctrl_c_while_asking_for_the_model_info_prints_one_line(stalling_server):
+    servicer, address = stalling_server
+    # Without --raw, generate first asks whether the model has a chat template.
+    process = subprocess.Popen([*CLI, "generate", "--address", address, "Tell me a story"],
+                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert servicer.started.wait(60)  # the call is under way
+    process.send_signal(signal.SIGINT)
+    out, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert err.strip().splitlines() == ["batchwire generate: interrupted"]
+    assert servicer.cancelled.wait(10), "the server never saw the call cancelled"
 
 
 @pytest.mark.parametrize("command", ["generate", "chat"])

@@ -6,7 +6,6 @@ test_lifecycle.py, on its one-slot server."""
 from __future__ import annotations
 
 import json
-import re
 import sys
 import urllib.error
 import urllib.request
@@ -19,12 +18,7 @@ from tests.deploy.processes import Process
 
 pytestmark = pytest.mark.slow
 
-STEPS = r"^batchwire_engine_steps_total (\S+)$"
 LONG = "word " * 300
-
-
-def steps(server) -> float:
-    return float(re.search(STEPS, server.metrics(), re.M).group(1))
 
 
 VLLM_FIELDS = ("stop_token_ids", "priority")
@@ -57,8 +51,8 @@ CHAT_CASES = [
 
 
 def test_bad_fields_are_400_naming_them_with_no_engine_step(server, client):  # noqa: F811
-    server.wait_idle()
-    before = steps(server)
+    server.wait_idle()  # every request before this test has ended: none can be admitted now
+    before = server.scheduled_prompt_tokens()
     for fields, param in CHAT_CASES:
         body = {"model": MODEL, "messages": HELLO, "max_tokens": 4, **fields}
         extra = {k: body.pop(k) for k in VLLM_FIELDS if k in body}  # not the SDK's own
@@ -75,7 +69,7 @@ def test_bad_fields_are_400_naming_them_with_no_engine_step(server, client):  # 
     with pytest.raises(openai.BadRequestError) as e:  # max_tokens 0 only with echo
         client.completions.create(model=MODEL, prompt="Hi", max_tokens=0)
     assert e.value.body["param"] == "max_tokens"
-    assert steps(server) == before  # nothing reached the engine
+    assert server.scheduled_prompt_tokens() == before  # nothing reached the engine
     ok = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2)
     assert ok.choices[0].message.content  # and the server serves on
 

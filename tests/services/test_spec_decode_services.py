@@ -41,8 +41,10 @@ def accepted(engine) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("backend, tp", [("grpc", 1), ("zmq", 1), ("zmq", 2)])
-def test_same_tokens_as_without_speculation(backend, tp, start_worker, tiny_llama, reference):
-    group = start_worker("--tensor-parallel-size", str(tp))
+def test_same_tokens_as_without_speculation(backend, tp, shared_worker, start_worker, tiny_llama,
+                                            reference):
+    # One worker serves both transports: the TP=1 cases share the module's (one start, not two).
+    group = shared_worker if tp == 1 else start_worker("--tensor-parallel-size", str(tp))
     engine = EngineCore(scheduler_config(tiny_llama, backend, (group.group_address(backend),),
                                          long_prefill_token_threshold=48, **SPEC))
     try:

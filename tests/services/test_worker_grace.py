@@ -130,6 +130,10 @@ def test_last_worker_lost_requests_wait_for_one_and_resume(served_model, tmp_pat
             info = stub.GetServerInfo(generate_pb2.GetServerInfoRequest(), timeout=10)
             return sum(w.state == generate_pb2.WORKER_STATE_READY for w in info.workers)
 
+        def waiting() -> int:  # requests waiting for a worker count as waiting
+            return stub.GetServerInfo(generate_pb2.GetServerInfoRequest(),
+                                      timeout=10).num_waiting_requests
+
         wait_until(lambda: status() == SERVING and live_workers() == 2, 120, "both registered",
               scheduler)
         second.signal(signal.SIGSTOP)  # frozen and dropped: the first is the last worker
@@ -161,7 +165,8 @@ def test_last_worker_lost_requests_wait_for_one_and_resume(served_model, tmp_pat
         assert not any(s.last.finish_reason for s in streams), "finished before the kill"
         prompt, fields = rounds[0][0]  # greedy: a new request waits, then runs as any other
         new = Stream(stub, "new-0", prompt, fields)
-        time.sleep(0.3)
+        wait_until(lambda: waiting() == NUM_REQUESTS + 1, 10, "the new request waits too",
+                   scheduler)
         second.signal(signal.SIGCONT)
         wait_until(lambda: status() == SERVING, 2 * GRACE_S, "SERVING once it registered",
                    scheduler)
@@ -183,7 +188,7 @@ def test_last_worker_lost_requests_wait_for_one_and_resume(served_model, tmp_pat
         killed = time.monotonic()
         wait_until(lambda: status() == NOT_SERVING, 10, "NOT_SERVING with no worker", scheduler)
         new = Stream(stub, "new", [1, 2, 3], dict(temperature=0, max_tokens=4))
-        time.sleep(0.3)
+        wait_until(lambda: waiting() == MAX_QUEUED, 10, "the queue full", scheduler)
         with pytest.raises(grpc.RpcError) as full:  # 6 + 1 wait: the limit
             list(stub.Generate(generate_pb2.GenerateRequest(token_ids=[1, 2], sampling=dict(
                 max_tokens=2)), timeout=10))

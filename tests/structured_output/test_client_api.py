@@ -48,23 +48,6 @@ BAD = [
 ]
 
 
-def steps(server) -> float:
-    match = re.search(r"^batchwire_engine_steps_total (\S+)$", server.metrics(), re.M)
-    assert match, "no step counter in /metrics"
-    return float(match.group(1))
-
-
-def settled_steps(server) -> float:
-    """The step count once the engine is idle: a finished request's last step (telling the worker
-    it finished) may come just after its stream ended."""
-    server.wait_idle()
-    previous, count = -1.0, steps(server)
-    while count != previous:
-        time.sleep(0.2)
-        previous, count = count, steps(server)
-    return count
-
-
 def test_constraints_are_followed_over_the_wire(server):
     colour = S(temperature=0, max_tokens=8, choice=generate_pb2.Choices(choices=COLOURS))
     _, text, last, _ = collect(server.stub.Generate(
@@ -82,13 +65,14 @@ def test_constraints_are_followed_over_the_wire(server):
 @pytest.mark.parametrize(("case", "sampling", "field", "words"), BAD, ids=[b[0] for b in BAD])
 def test_each_bad_constraint_is_refused_and_the_next_request_runs(server, case, sampling, field,
                                                                    words):
-    before = settled_steps(server)
+    server.wait_idle()  # every request before this one has ended: none can be admitted now
+    before = server.scheduled_prompt_tokens()
     with pytest.raises(grpc.RpcError) as e:
         list(server.stub.Generate(text_request("Hi", sampling), timeout=60))
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, case
     assert e.value.details().startswith(field), e.value.details()
     assert words in e.value.details(), e.value.details()
-    assert steps(server) == before, "a refused request reached the engine"
+    assert server.scheduled_prompt_tokens() == before, "a refused request reached the engine"
     good = S(temperature=0, max_tokens=8, choice=generate_pb2.Choices(choices=["yes", "no"]))
     _, text, last, _ = collect(server.stub.Generate(text_request("Is water wet?", good),
                                                     timeout=60))
