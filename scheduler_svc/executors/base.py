@@ -22,6 +22,7 @@ _BACKENDS = {
     "grpc": "scheduler_svc.executors.grpc_executor.GrpcExecutor",
     "zmq": "scheduler_svc.executors.zmq_executor.ZmqExecutor",
     "ray": "scheduler_svc.executors.ray_executor.RayExecutor",
+    "external_launcher": "scheduler_svc.executors.external_launcher.ExternalLauncherExecutor",
 }
 
 
