@@ -66,11 +66,10 @@ class RankActor:
     def __init__(self) -> None:
         self.process: Any = None
 
-    def node(self) -> tuple[str, str]:
-        """(node id, node address) of the node this actor runs on."""
+    def node_id(self) -> str:
         import ray
 
-        return ray.get_runtime_context().get_node_id(), ray.util.get_node_ip_address()
+        return str(ray.get_runtime_context().get_node_id())
 
     def free_port(self, host: str) -> int:
         """A port free on this node now, for the group's torch.distributed rendezvous."""
@@ -203,7 +202,11 @@ class RayWorkerGroup:
                 actors.append(remote.options(
                     scheduling_strategy=strategy, num_cpus=bundle_cpus,
                     num_gpus=bundles[rank].get("GPU", 0.0)).remote())
-            nodes = ray.get([a.node.remote() for a in actors])
+            # The address Ray knows each node by (a process's own guess can name another
+            # interface, or another node's address when nodes share a host).
+            addresses = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+            nodes = [(node, addresses[node])
+                     for node in ray.get([a.node_id.remote() for a in actors])]
             rendezvous = f"tcp://{nodes[0][1]}:{ray.get(actors[0].free_port.remote(nodes[0][1]))}"
             starts = []
             for rank, (actor, (_, host)) in enumerate(zip(actors, nodes, strict=True)):

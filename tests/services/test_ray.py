@@ -2,7 +2,8 @@
 CPU, on loopback addresses): two replicas placed on different nodes, their tokens equal to the
 in-process engine's (greedy and seeded); a node removed without grace mid-stream (every request
 finishes once, with the undisturbed tokens); the replica back once a node joins; no worker
-process left. One cluster for the module: starting one takes seconds."""
+process left; `batchwire serve --transport ray` end to end. One cluster for the module: starting
+one takes seconds."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ import time
 
 import pytest
 import ray
+from batchwire.v1 import generate_pb2
 
 from scheduler_svc.cli.commands import main as cli_main
 from scheduler_svc.engine.engine_core import EngineCore
 from scheduler_svc.engine.replicas import ReplicatedEngine
 from scheduler_svc.executors.errors import WorkerUnavailableError
 from scheduler_svc.executors.ray_replicas import RayReplicas
+from tests.client_api.server_process import ServerProcess, collect
 
 from .conftest import scheduler_config
 from .test_replicas import NUM_REQUESTS, WORKLOAD, Streams, greedy, mixed, reference  # noqa: F401
@@ -134,18 +137,6 @@ def test_replicas_spread_survive_a_lost_node_and_come_back(cluster, tiny_llama,
     wait_until(lambda: all(gone(pid) for pid in pids), "the worker processes to end", 30)
 
 
-def test_llm_over_ray_matches_the_in_process_engine(cluster, tiny_llama):
-    c, _ = cluster
-    params = [greedy(12), mixed(1, 12)]
-    prompts = [WORKLOAD[0][0], WORKLOAD[1][0]]
-    expected = run(EngineCore(scheduler_config(tiny_llama, long_prefill_token_threshold=4)),
-                   prompts, params)
-    core = EngineCore(ray_config(tiny_llama, c.address, long_prefill_token_threshold=4))
-    pids = list(core.executor.ray_group.pids)
-    assert run(core, prompts, params) == expected
-    wait_until(lambda: all(gone(pid) for pid in pids), "the worker processes to end", 30)
-
-
 def run(core: EngineCore, prompts, params) -> dict[str, list[int]]:
     try:
         for i, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
@@ -157,6 +148,41 @@ def run(core: EngineCore, prompts, params) -> dict[str, list[int]]:
         return tokens
     finally:
         core.shutdown()
+
+
+def test_serve_over_ray_places_its_replicas_and_answers(cluster, tiny_llama_with_tokenizer,
+                                                        tmp_path):
+    """`batchwire serve --transport ray`: the server wiring, replicas placed, a request answered
+    with the in-process engine's tokens, and every worker gone once the server stopped."""
+    c, _ = cluster
+    prompt = WORKLOAD[3][0]
+    # ServerProcess's BASE_ARGS, in-process.
+    expected = run(EngineCore(scheduler_config(
+        tiny_llama_with_tokenizer, kv_cache_memory_bytes=64 << 20, max_model_len=256)),
+        [prompt], [greedy(10)])["q0"]
+    server = ServerProcess(tmp_path, "--model", tiny_llama_with_tokenizer, "--transport", "ray",
+                           "--replicas", "2", "--ray-address", c.address, "--no-http")
+    try:
+        server.wait_serving()
+        workers = server.server_info().workers
+        assert [w.state for w in workers] == [generate_pb2.WORKER_STATE_READY] * 2
+        assert len({w.address.rpartition(":")[0] for w in workers}) == 2  # two nodes
+        ids, _, last, _ = collect(server.stub.Generate(generate_pb2.GenerateRequest(
+            token_ids=prompt, sampling=generate_pb2.SamplingParams(
+                temperature=0, max_tokens=10, ignore_eos=True))))
+        assert ids == expected and last.finish_reason == "length"
+    finally:
+        server.stop()
+    addresses = [w.address for w in workers]
+    wait_until(lambda: not any(listening(a) for a in addresses), "the workers to stop", 30)
+
+
+def listening(address: str) -> bool:
+    import socket
+
+    host, _, port = address.rpartition(":")
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) == 0
 
 
 def test_ray_transport_without_ray_names_the_extra(monkeypatch, capsys):
