@@ -20,7 +20,7 @@ from typing import Any
 
 from batchwire.common.worker_config import WorkerConfig
 
-from scheduler_svc.executors.worker_group import STARTUP_TIMEOUT_S, RankEndpoint
+from scheduler_svc.executors.worker_group import STARTUP_TIMEOUT_S, RankEndpoint, wait_ready
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,6 @@ class RankActor:
 
     def start(self, argv: list[str], token: str) -> dict:
         """Starts the worker and returns its ready-file entry once it serves."""
-        import json
         import subprocess
         import sys
         import tempfile
@@ -95,16 +94,7 @@ class RankActor:
         cmd = [sys.executable, "-m", "worker_svc", *argv, "--ready-file", ready,
                "--worker-token-file", token_file, "--parent-pid", str(os.getpid())]
         self.process = subprocess.Popen(cmd, preexec_fn=_die_with_parent)
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while not os.path.exists(ready):
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the worker exited with {self.process.returncode} while "
-                                   f"starting: {' '.join(cmd)}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the worker was not serving after {STARTUP_TIMEOUT_S:.0f} s")
-            time.sleep(0.05)
-        with open(ready) as f:
-            return json.load(f)["ranks"][0]
+        return wait_ready(self.process, ready, cmd)[0]
 
     def watch(self) -> int | None:
         """Lasts as long as the worker; its exit code."""

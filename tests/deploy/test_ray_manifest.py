@@ -6,7 +6,6 @@ pod per replica; the Service reaches the scheduler's ports on the head pod."""
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 import yaml
@@ -14,7 +13,7 @@ import yaml
 from scheduler_svc.cli.commands import build_parser
 
 from .conftest import DEPLOY
-from .test_manifests import K8S_VERSIONS, one, selects
+from .test_manifests import K8S_VERSIONS, one, selects, validate_strictly
 
 
 @pytest.fixture(scope="module")
@@ -39,15 +38,7 @@ def test_service_and_pod_templates_validate_strictly(ray_docs, version, tmp_path
     pods = [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"template-{i}"},
              "spec": t["spec"]} for i, t in enumerate(pod_templates(cluster))]
     builtin = [d for d in ray_docs if d["kind"] != "RayCluster"] + pods
-    path = tmp_path / "ray.yaml"
-    path.write_text(yaml.safe_dump_all(builtin))
-    cmd = [sys.executable, "-m", "kubernetes_validate", "--strict", str(path)]
-    if version:
-        cmd[3:3] = ["-k", version]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    report = done.stdout + done.stderr
-    assert done.returncode == 0 and "ERROR" not in report and "WARN" not in report, report
-    assert report.count("passed") == len(builtin)
+    validate_strictly(builtin, version, tmp_path / "ray.yaml")
 
 
 def test_the_scheduler_beside_the_head_serves_over_ray(ray_docs):
