@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -37,8 +38,16 @@ def test_every_rank_returns_the_in_process_tokens(tp, pp, expected, tiny_llama_w
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(tp * pp),
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(SCRIPT),
            tiny_llama_with_tokenizer, str(tp), str(pp), str(tmp_path)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-4000:]
+    # A session of its own: on a timeout the ranks go with torchrun, not left waiting forever.
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True)
+    try:
+        _, stderr = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 0, stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(tp * pp)]
     for rank, got in enumerate(ranks):
         assert got["tokens"] == expected, f"rank {rank}"
