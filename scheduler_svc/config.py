@@ -57,6 +57,9 @@ class SchedulerConfig:
     # --worker-token-file); None: none, unless this scheduler starts its workers itself, which
     # then get a fresh random one.
     worker_token_file: str | None = None
+    # The Ray cluster of executor_backend "ray": "host:port" or "auto"; None: $RAY_ADDRESS, else a
+    # local Ray started for this process.
+    ray_address: str | None = None
 
     # Scheduling.
     max_num_seqs: int = 256  # most requests running at once

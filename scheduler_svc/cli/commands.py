@@ -192,6 +192,22 @@ def _add_worker_tls_options(g: Any) -> None:
             "instead of the address dialled (pods are dialled by IP)")
 
 
+def _add_ray_option(g: Any) -> None:
+    _option(g, "--ray-address", None, "with --transport ray: the Ray cluster, host:port "
+            "(default: $RAY_ADDRESS, else a local Ray started for this process)")
+
+
+def _require_ray(args: argparse.Namespace) -> None:
+    """--transport ray without Ray installed: one line naming the extra, before anything loads."""
+    if args.transport != "ray":
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise SystemExit(f"batchwire {args.command}: --transport ray needs Ray: "
+                         "pip install 'batchwire[ray]'") from None
+
+
 def _add_worker_token_option(g: Any) -> None:
     _option(g, "--worker-token-file", None, "present the first token of this file (one a line; "
             "read again when it changes) on every call to the workers, both transports; they "
@@ -277,6 +293,7 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    _require_ray(args)
     transport = args.transport
     if args.replicas > 1:
         if transport == "uni":
@@ -284,14 +301,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
                              "processes of their own: use --transport zmq or grpc")
         transport = "zmq" if transport == "auto" else transport
     return _run_server(args, _scheduler_config(
-        args, executor_backend=transport, tensor_parallel_size=args.tensor_parallel_size),
-        replicas=args.replicas)
+        args, executor_backend=transport, tensor_parallel_size=args.tensor_parallel_size,
+        ray_address=args.ray_address), replicas=args.replicas)
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
     groups = tuple(g for g in args.worker_addresses if g)
     if groups and args.discover_workers:
         raise SystemExit("batchwire scheduler: --worker-addresses or --discover-workers, not both")
+    _require_ray(args)
+    if args.transport == "ray":  # Ray places and starts the groups: none is listed
+        if groups or args.discover_workers:
+            raise SystemExit("batchwire scheduler: --transport ray starts its own worker groups: "
+                             "no --worker-addresses or --discover-workers")
+        return _run_server(args, _scheduler_config(
+            args, executor_backend="ray", ray_address=args.ray_address,
+            worker_heartbeat_s=args.worker_heartbeat_s), replicas=args.replicas)
     return _run_server(args, _scheduler_config(args, executor_backend=args.transport,
                                                worker_addresses=groups,
                                                worker_heartbeat_s=args.worker_heartbeat_s,
@@ -341,10 +366,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_options(serve)
     w = serve.add_argument_group("workers")
     _option(w, "--transport", "auto", "how the scheduler reaches its workers (auto: uni for "
-            "one worker, zmq for a tensor-parallel group)", choices=("auto", "uni", "grpc", "zmq"))
+            "one worker, zmq for a tensor-parallel group; ray: groups that Ray places, driven "
+            "over zmq)", choices=("auto", "uni", "grpc", "zmq", "ray"))
     _option(w, "--tensor-parallel-size", 1, "worker processes sharding the model", type=int)
     _option(w, "--replicas", 1, "independent worker groups (data parallel), each with its own "
             "KV cache; a request goes to the least loaded", type=int)
+    _add_ray_option(w)
     _add_worker_token_option(w)
     _add_engine_options(serve)
     _add_task_options(serve)
@@ -360,7 +387,10 @@ def build_parser() -> argparse.ArgumentParser:
         "once the first one registers. The model options must match the workers'.")
     _add_model_options(scheduler)
     w = scheduler.add_argument_group("workers")
-    _option(w, "--transport", "zmq", "how to reach the workers", choices=("grpc", "zmq"))
+    _option(w, "--transport", "zmq", "how to reach the workers (ray: also start them, as "
+            "--replicas groups that Ray places)", choices=("grpc", "zmq", "ray"))
+    _option(w, "--replicas", 1, "with --transport ray: worker groups to place", type=int)
+    _add_ray_option(w)
     env = env_name("--worker-addresses")
     w.add_argument("--worker-addresses", nargs="+", metavar="GROUP",
                    default=env_default("--worker-addresses", "").replace(";", " ").split(),

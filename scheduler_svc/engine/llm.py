@@ -110,6 +110,13 @@ class LLM:
             return prompt, self.tokenizer(prompt).input_ids
         return None, list(prompt)
 
+    def collective_rpc(self, method: str | Any, args: tuple = ()) -> list[Any]:
+        """Calls `method` on every rank's worker: a Worker method's name, or (in-process under
+        the external launcher) a function called as method(worker, *args), e.g. to load new
+        weights into every rank of a torchrun job; the results, in rank order (under the
+        external launcher, this rank's)."""
+        return self.engine.executor.collective_rpc(method, args)
+
     def shutdown(self) -> None:
         self.engine.shutdown()
 

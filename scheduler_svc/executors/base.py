@@ -21,6 +21,8 @@ _BACKENDS = {
     "uni": "scheduler_svc.executors.uni.UniProcExecutor",
     "grpc": "scheduler_svc.executors.grpc_executor.GrpcExecutor",
     "zmq": "scheduler_svc.executors.zmq_executor.ZmqExecutor",
+    "ray": "scheduler_svc.executors.ray_executor.RayExecutor",
+    "external_launcher": "scheduler_svc.executors.external_launcher.ExternalLauncherExecutor",
 }
 
 

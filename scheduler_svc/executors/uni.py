@@ -11,6 +11,13 @@ from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.executors.base import Executor
 
 
+def build_worker(worker_config: Any) -> Any:
+    """A worker_svc Worker in this process (a WorkerConfig in; loads torch and the model)."""
+    from worker_svc.runner.worker import Worker  # only when used
+
+    return Worker(worker_config)
+
+
 class UniProcExecutor(Executor):
     """A function call dressed as an RPC. Its futures are already resolved when returned, and a
     worker's exception is put inside the future so that it surfaces from future.result(), where
@@ -23,9 +30,7 @@ class UniProcExecutor(Executor):
                 raise ValueError("the uni executor runs one worker in this process; a parallel "
                                  f"group ({config.world_size} ranks) needs the zmq or grpc "
                                  "executor")
-            from worker_svc.runner.worker import Worker  # loads torch and the model: only when used
-
-            worker = Worker(config.worker_config())
+            worker = build_worker(config.worker_config())
         self.worker = worker
 
     @classmethod

@@ -48,6 +48,21 @@ def _random_token(folder: str) -> str:
     return path
 
 
+def wait_ready(process: subprocess.Popen, ready: str, cmd: list[str],
+               timeout_s: float = STARTUP_TIMEOUT_S) -> list[dict]:
+    """The ranks a starting worker lists in its ready file, once it wrote it."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(ready):
+        if process.poll() is not None:
+            raise RuntimeError(f"the worker exited with {process.returncode} while "
+                               f"starting: {' '.join(cmd)}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the worker was not serving after {timeout_s:.0f} s")
+        time.sleep(_POLL_S)
+    with open(ready) as f:
+        return list(json.load(f)["ranks"])
+
+
 class LocalWorkerGroup:
     def __init__(self, process: subprocess.Popen, endpoints: list[RankEndpoint],
                  token_file: str) -> None:
@@ -70,17 +85,8 @@ class LocalWorkerGroup:
         if config.world_size == 1:
             cmd += ["--rank", "0"]
         process = subprocess.Popen(cmd, start_new_session=True)
-        deadline = time.monotonic() + timeout_s
         try:
-            while not os.path.exists(ready):
-                if process.poll() is not None:
-                    raise RuntimeError(f"the worker exited with {process.returncode} while "
-                                       f"starting: {' '.join(cmd)}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the worker was not serving after {timeout_s:.0f} s")
-                time.sleep(_POLL_S)
-            with open(ready) as f:
-                ranks = json.load(f)["ranks"]
+            ranks = wait_ready(process, ready, cmd, timeout_s)
         except BaseException:
             _stop_session(process, grace_s=5.0)
             raise

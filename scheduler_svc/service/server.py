@@ -135,8 +135,8 @@ def version() -> str:
         return "unknown"
 
 
-def load_model(config: SchedulerConfig, progress: bool = True, replicas: int = 1
-               ) -> tuple[ReplicatedEngine, Any]:
+def load_model(config: SchedulerConfig, progress: bool = True, replicas: int = 1,
+               executors: list[Executor] | None = None) -> tuple[ReplicatedEngine, Any]:
     """The tokenizer and an engine whose workers are loaded and hold their KV cache.
 
     A server always runs a ReplicatedEngine, even over one worker group: when that group fails,
@@ -148,8 +148,8 @@ def load_model(config: SchedulerConfig, progress: bool = True, replicas: int = 1
         bar.update()
         bar.set_description_str("Loading the model and allocating the KV cache")
         # Configured addresses name the groups; otherwise each executor starts its own.
-        executors = None if config.worker_addresses else [
-            Executor.get_class(config)(config) for _ in range(replicas)]
+        if executors is None and not config.worker_addresses:
+            executors = [Executor.get_class(config)(config) for _ in range(replicas)]
         core = ReplicatedEngine(config, executors, tokenizer=tokenizer)
         bar.update()
         bar.set_description_str("Loaded")
@@ -340,6 +340,14 @@ class SchedulerServer:
             core, tokenizer, self._watcher = load_discovered(
                 cfg.scheduler, cfg.discover_workers, cfg.discovery_namespace,
                 cfg.worker_drain_timeout_s)
+            return core, tokenizer
+        if cfg.scheduler.executor_backend == "ray":  # Ray places the groups, and replaces them
+            from scheduler_svc.executors.ray_replicas import RayReplicas
+
+            self._watcher = RayReplicas(cfg.scheduler, cfg.replicas)
+            core, tokenizer = load_model(cfg.scheduler, cfg.progress,
+                                         executors=list(self._watcher.executors))
+            self._watcher.attach_to(core)
             return core, tokenizer
         return load_model(cfg.scheduler, cfg.progress, cfg.replicas)
 

@@ -114,3 +114,33 @@ class Worker:
 
     def reset(self) -> None:
         self.runner.reset()
+
+    # The external launcher (torchrun): every rank runs the engine, and agrees through these.
+
+    def share_output(
+        self, out: worker_pb2.ModelRunnerOutput | None
+    ) -> worker_pb2.ModelRunnerOutput | None:
+        """Every rank returns the output rank's result (torch.distributed broadcast), so that
+        each rank's scheduler sees the same tokens: pipeline stages before the last sample
+        nothing of their own."""
+        if self.config.world_size == 1:
+            return out
+        import torch.distributed as dist
+
+        mine = out.SerializeToString() if self.is_output_rank and out is not None else None
+        payload = [mine]
+        dist.broadcast_object_list(payload, src=self.config.output_rank)
+        if self.is_output_rank:
+            return out
+        return None if payload[0] is None else worker_pb2.ModelRunnerOutput.FromString(payload[0])
+
+    def group_infos(self) -> list[worker_pb2.WorkerInfo]:
+        """Every rank's WorkerInfo, in rank order (stages may hold different block counts)."""
+        mine = self.get_info()
+        if self.config.world_size == 1:
+            return [mine]
+        import torch.distributed as dist
+
+        gathered: list = [None] * self.config.world_size
+        dist.all_gather_object(gathered, mine.SerializeToString())
+        return [worker_pb2.WorkerInfo.FromString(b) for b in gathered]
