@@ -146,7 +146,9 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
 
 def _add_server_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("client API")
-    _option(g, "--host", "0.0.0.0", "address to bind")
+    _option(g, "--host", "127.0.0.1", "address the client, HTTP and metrics ports bind: "
+            "loopback, this machine alone, unless told otherwise (0.0.0.0 = every interface; "
+            "the container images and manifests set it)")
     _option(g, "--port", 50051, "gRPC port for clients (0 = any free port)", type=int)
     _option(g, "--metrics-port", 9090, "Prometheus /metrics port (0 = any free port)", type=int)
     _flag(g, "--no-metrics", "serve no /metrics")

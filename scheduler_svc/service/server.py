@@ -59,9 +59,9 @@ REPLICA_WATCH_S = 0.25  # how often health looks at the replicas
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerConfig:
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback: nothing here is reachable from elsewhere unless asked
     port: int = 50051  # 0 = any free port (written to ready_file)
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9090  # None = no metrics server; 0 = any free port
     ready_file: str | None = None  # JSON with the bound ports, written once bound
     drain_timeout_s: float = 600.0  # the longest in-flight requests may take after SIGTERM
