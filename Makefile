@@ -39,11 +39,12 @@ check-protos: $(STAMP) ## fail if the checked-in protobuf code is stale
 	|| { echo "stale generated code: run 'make protos'"; exit 1; }
 	@echo "generated protobuf code is current"
 
-# Serves the embedded SmolLM2 to clients on port 50051 (metrics on 9090); once it serves, it
-# prints how to call it (CLI, grpcurl, the .proto files). Ctrl-C drains and stops.
-run: $(STAMP) ## serve the embedded model on port 50051
-	@echo "Loading the model; 'batchwire serve --help' lists the options (env BATCHWIRE_<OPTION>)."
-	$(PY) -m scheduler_svc.cli serve --port 50051
+# Serves the embedded SmolLM2 to clients on 127.0.0.1:50051 (HTTP on 8000, metrics on 9090, or
+# free ports named on stderr when those are busy); once it serves, it prints how to call it (CLI,
+# grpcurl, the .proto files). Ctrl-C drains and stops. ARGS="..." goes to `batchwire serve`.
+run: $(STAMP) ## serve the embedded model on port 50051 (ARGS="--help" lists its options)
+	@echo "Loading the model; '$(VENV)/bin/batchwire serve --help' lists the options (env BATCHWIRE_<OPTION>)."
+	$(PY) -m scheduler_svc.cli serve --port 50051 --side-ports-fallback $(ARGS)
 
 # The slowest tests are listed at the end: the suite's time budget (20 min on 2 cores) is spent there.
 test: $(STAMP) ## the whole test suite

@@ -155,6 +155,8 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
     _option(g, "--http-port", 8000, "OpenAI-compatible HTTP API port (/v1/completions, "
             "/v1/chat/completions, ...; 0 = any free port)", type=int)
     _flag(g, "--no-http", "serve no HTTP API")
+    _flag(g, "--side-ports-fallback", "when the metrics or HTTP port is in use, serve it on a "
+          "free port instead of stopping, and say which (make run sets it)")
     # Sized from the model by default: a body larger than the longest prompt that can fit
     # max_model_len only costs memory and event-loop time to read (openai/body.py).
     _option(g, "--max-request-bytes", None, "largest HTTP request body, e.g. 8M; larger ones "
@@ -266,7 +268,7 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
         metrics_port=None if args.no_metrics else args.metrics_port,
         http_port=None if args.no_http else args.http_port,
         served_model_names=tuple(args.served_model_name),
-        max_request_bytes=args.max_request_bytes,
+        max_request_bytes=args.max_request_bytes, side_ports_fallback=args.side_ports_fallback,
         ready_file=args.ready_file, drain_timeout_s=args.drain_timeout,
         max_message_bytes=args.max_message_size, max_connection_age_s=args.max_connection_age,
         max_connection_age_grace_s=args.max_connection_age, progress=not args.no_progress,

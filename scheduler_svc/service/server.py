@@ -24,7 +24,7 @@ from typing import Any
 
 import grpc
 from batchwire.common.model_files import describe_weights
-from batchwire.common.ports import PortRequest, check_free
+from batchwire.common.ports import PortRequest, check_free, is_free
 from batchwire.v1 import generate_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -90,6 +90,9 @@ class ServerConfig:
     http_port: int | None = 8000
     served_model_names: tuple[str, ...] = ()  # what /v1/models lists; () = the model's name
     max_request_bytes: int | None = None  # HTTP bodies; None: sized from the model (body.py)
+    # A busy metrics or HTTP port is swapped for a free one (and said so) instead of stopping
+    # the server: `make run` on a desktop where something else holds 8000 or 9090.
+    side_ports_fallback: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -344,6 +347,9 @@ class SchedulerServer:
         return load_model(cfg.scheduler, cfg.progress, cfg.replicas)
 
     async def _bind(self) -> None:
+        busy: list[PortRequest] = []
+        if self.config.side_ports_fallback:
+            self.config, busy = with_free_side_ports(self.config)
         cfg = self.config
         check_free(ports_to_open(cfg))  # before any is bound: nothing to undo when one is taken
         address = f"{cfg.host}:{cfg.port}"
@@ -359,8 +365,12 @@ class SchedulerServer:
                 self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
         if cfg.http_port is not None:
             await self._start_http()
-        logger.info("listening on %s:%d (metrics: %s); loading the model", cfg.host, self.port,
-                    f"port {self.metrics_port}" if self.metrics_port is not None else "off")
+        for r in busy:
+            taken = self.http_port if r.what == "HTTP" else self.metrics_port
+            print(f"batchwire: the {r.what} port {r.port} on {r.host} is in use: serving "
+                  f"{r.what} on port {taken} instead", file=sys.stderr, flush=True)
+        logger.info("listening on %s:%d (HTTP: %s, metrics: %s); loading the model", cfg.host,
+                    self.port, _port_or_off(self.http_port), _port_or_off(self.metrics_port))
         if cfg.ready_file:
             _write_ready_file(cfg.ready_file, {"pid": os.getpid(), "port": self.port,
                                                "metrics_port": self.metrics_port,
@@ -447,10 +457,20 @@ class SchedulerServer:
               f"{http}", flush=True)
 
 
+def _port_or_off(port: int | None) -> str:
+    return f"port {port}" if port is not None else "off"
+
+
 def ports_to_open(cfg: ServerConfig) -> list[PortRequest]:
     ports = [PortRequest("gRPC", cfg.host, cfg.port, "--port")]
     if cfg.health_port is not None:
         ports.append(PortRequest("health", cfg.host, cfg.health_port, "--health-port"))
+    return ports + side_ports(cfg)
+
+
+def side_ports(cfg: ServerConfig) -> list[PortRequest]:
+    """The ports beside the client port: HTTP and metrics."""
+    ports = []
     if cfg.http_port is not None:
         ports.append(PortRequest("HTTP", cfg.host, cfg.http_port, "--http-port",
                                  ", or serve no HTTP with --no-http"))
@@ -458,6 +478,14 @@ def ports_to_open(cfg: ServerConfig) -> list[PortRequest]:
         ports.append(PortRequest("metrics", cfg.metrics_host, cfg.metrics_port,
                                  "--metrics-port", ", or serve none with --no-metrics"))
     return ports
+
+
+def with_free_side_ports(cfg: ServerConfig) -> tuple[ServerConfig, list[PortRequest]]:
+    """The config with any busy metrics or HTTP port replaced by 0 (any free port), and the
+    requests that were busy."""
+    busy = [r for r in side_ports(cfg) if not is_free(r)]
+    swaps = {"http_port" if r.what == "HTTP" else "metrics_port": 0 for r in busy}
+    return dataclasses.replace(cfg, **swaps), busy
 
 
 def _cli_command() -> str:

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.client_api.server_process import REPO
 
 CLI = [sys.executable, "-m", "scheduler_svc.cli"]
@@ -22,14 +24,17 @@ LISTEN = "0A"  # the TCP state of a listening socket in /proc/net/tcp
 class BoundServe:
     """`batchwire serve` up to the moment its ports are bound (its ready file is written)."""
 
-    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, *args: str, env: dict[str, str] | None = None,
+                 argv: list[str] | None = None) -> None:
         self.ready_file = tmp / "ready.json"
         self.log_path = tmp / "serve.log"
         # The host comes from this test alone, not from whoever runs it.
         inherited = {k: v for k, v in os.environ.items() if k != "BATCHWIRE_HOST"}
+        argv = argv or [*CLI, "serve", "--no-progress", "--ready-file", str(self.ready_file),
+                        *args]
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(
-                [*CLI, "serve", "--no-progress", "--ready-file", str(self.ready_file), *args],
+                argv,
                 cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**inherited, "PYTHONUNBUFFERED": "1", **(env or {})})
         deadline = time.monotonic() + 120
@@ -93,3 +98,47 @@ def test_host_every_interface_when_asked_in_the_environment(tmp_path):
             assert addresses and addresses <= {"0.0.0.0", "::"}, (name, addresses)
     finally:
         serve.stop()
+
+
+@pytest.fixture
+def default_side_ports():
+    """Holds HTTP 8000 and metrics 9090, the defaults, where nothing else does already."""
+    held = []
+    for port in (8000, 9090):
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            held.append(s)
+        except OSError:  # busy already: just as good for the test
+            s.close()
+    yield
+    for s in held:
+        s.close()
+
+
+def test_make_run_serves_busy_side_ports_elsewhere_and_says_so(tmp_path, default_side_ports):
+    stamp = tmp_path / "stamp"
+    stamp.touch()  # newer than pyproject.toml: make skips the setup
+    # ARGS reaches `batchwire serve`: a free client port and the ready file of this test.
+    args = f"--port 0 --no-progress --ready-file {tmp_path / 'ready.json'}"
+    serve = BoundServe(tmp_path, argv=["make", "-s", f"STAMP={stamp}", f"PY={sys.executable}",
+                                       "run", f"ARGS={args}"])
+    try:
+        assert serve.ports["http_port"] not in (None, 8000)
+        assert serve.ports["metrics_port"] not in (None, 9090)
+        log = serve.log()
+        assert (f"the HTTP port 8000 on 127.0.0.1 is in use: serving HTTP on port "
+                f"{serve.ports['http_port']} instead") in log, log
+        assert (f"the metrics port 9090 on 127.0.0.1 is in use: serving metrics on port "
+                f"{serve.ports['metrics_port']} instead") in log, log
+        assert ".venv/bin/batchwire serve --help" in log  # a command that works as printed
+    finally:
+        serve.stop()
+
+
+def test_without_the_fallback_a_busy_side_port_still_stops_serve(tmp_path, default_side_ports):
+    done = subprocess.run([*CLI, "serve", "--port", "0", "--metrics-port", "0"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert "the HTTP port 8000 on 127.0.0.1 is already in use" in done.stderr, done.stderr
