@@ -3,8 +3,10 @@
 The port is bound first and health answers NOT_SERVING while the model loads; SERVING comes only
 after the workers are ready and one warm-up request has run end to end. SIGTERM (or SIGINT)
 drains: NOT_SERVING, new requests refused with UNAVAILABLE, requests in flight run to the end,
-then the server stops. A second signal stops at once. While no worker replica is live (the last
-one died, froze or is leaving) health says NOT_SERVING too, and SERVING again once one is.
+then the server stops. A second signal stops now: the requests still running end with an error
+(gRPC UNAVAILABLE; on HTTP streams an error event and [DONE]), then the process exits. While no
+worker replica is live (the last one died, froze or is leaving) health says NOT_SERVING too, and
+SERVING again once one is.
 """
 
 from __future__ import annotations
@@ -49,11 +51,14 @@ from scheduler_svc.service.registry import SERVICE_NAME as REGISTRY_SERVICE_NAME
 from scheduler_svc.service.registry import WorkerRegistryServicer, add_registry_to_server
 from scheduler_svc.service.request_parsing import ParseInHandler
 from scheduler_svc.service.security import ServerTls, add_port, interceptors, start_health_server
+from scheduler_svc.service.status_codes import ServerStoppingError
 from scheduler_svc.service.wire import longest_token_chars
 
 logger = logging.getLogger(__name__)
 
 REPLICA_WATCH_S = 0.25  # how often health looks at the replicas
+# After a second signal: the cut streams' errors go out within this, else the process exits.
+STOP_NOW_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -256,6 +261,7 @@ class SchedulerServer:
         self._metrics_server: Any = None
         self._stop = asyncio.Event()
         self._signals = 0
+        self._last_signal = signal.SIGTERM
         self._watcher: Any = None  # the pod watch, with discover_workers
         self._generation = GenerationConfig({}, "not loaded yet")
 
@@ -298,7 +304,7 @@ class SchedulerServer:
         await self._stop.wait()
         watch.cancel()
         await self._drain()
-        return 0
+        return 1 if self._signals > 1 else 0  # stopped now: requests were cut off
 
     async def _watch_replicas(self, core: ReplicatedEngine) -> None:
         """Health follows whether a replica can take requests: a load balancer or Kubernetes
@@ -400,11 +406,27 @@ class SchedulerServer:
 
     def _on_signal(self, sig: int) -> None:
         self._signals += 1
+        name = signal.Signals(sig).name
         if self._signals > 1:
-            logger.warning("second %s: stopping now", signal.Signals(sig).name)
-            os._exit(1)
-        logger.info("%s: draining", signal.Signals(sig).name)
+            self._stop_now(name)
+            return
+        logger.info("%s: draining (%s again to stop now)", name, _again(sig))
+        self._last_signal = sig
         self._stop.set()
+
+    def _stop_now(self, name: str) -> None:
+        """Ends the requests in flight with an error their clients read, lets the drain finish
+        (now at once), and exits for sure after STOP_NOW_S."""
+        if self._signals > 2:
+            os._exit(1)
+        active = self.engine.num_active if self.engine is not None else 0
+        logger.warning("second %s: stopping now, ending %s", name, _requests(active))
+        if self.engine is not None:
+            self.engine.fail_all(ServerStoppingError(
+                "the server is stopping: the request was cut off before it finished"))
+        deadline = threading.Timer(STOP_NOW_S, os._exit, (1,))  # should closing the servers hang
+        deadline.daemon = True
+        deadline.start()
 
     async def _drain(self) -> None:
         self.servicer.draining = True
@@ -413,13 +435,16 @@ class SchedulerServer:
         if engine is not None:
             engine.stop_admitting()
             if engine.num_active:
-                logger.info("waiting for %d requests in flight", engine.num_active)
+                logger.info("waiting up to %.0f s for %s in flight to finish (%s again to "
+                            "stop now)", self.config.drain_timeout_s,
+                            _requests(engine.num_active), _again(self._last_signal))
             try:
                 await asyncio.wait_for(engine.wait_until_idle(), self.config.drain_timeout_s)
             except TimeoutError:
-                logger.warning("%d requests still running after %.0f s: stopping anyway",
-                               engine.num_active, self.config.drain_timeout_s)
-        await self.server.stop(grace=5.0)  # the last messages of finished streams go out
+                logger.warning("%s still running after %.0f s: stopping anyway",
+                               _requests(engine.num_active), self.config.drain_timeout_s)
+        # The last messages of finished streams (and of streams cut by a second signal) go out.
+        await self.server.stop(grace=5.0)
         if self.http is not None:
             await self.http.stop()
         if self._watcher is not None:
@@ -455,6 +480,14 @@ class SchedulerServer:
               f"{SERVICE_NAME}/Generate\n"
               f"  any language: the service is defined in protos/batchwire/v1/generate.proto"
               f"{http}", flush=True)
+
+
+def _requests(n: int) -> str:
+    return f"{n} request" if n == 1 else f"{n} requests"
+
+
+def _again(sig: int) -> str:
+    return "press Ctrl-C" if sig == signal.SIGINT else f"send {signal.Signals(sig).name}"
 
 
 def _port_or_off(port: int | None) -> str:

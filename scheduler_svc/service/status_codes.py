@@ -23,6 +23,10 @@ class NotReadyError(RuntimeError):
     """The model is still loading."""
 
 
+class ServerStoppingError(RuntimeError):
+    """The server was told to stop now (a second SIGINT or SIGTERM) while the request ran."""
+
+
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (RequestIdInUseError, grpc.StatusCode.ALREADY_EXISTS),
@@ -30,6 +34,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (NotReadyError, grpc.StatusCode.UNAVAILABLE),
     (NotAdmittingError, grpc.StatusCode.UNAVAILABLE),
+    (ServerStoppingError, grpc.StatusCode.UNAVAILABLE),
     (EngineDeadError, grpc.StatusCode.UNAVAILABLE),
     (WorkerUnavailableError, grpc.StatusCode.UNAVAILABLE),  # no worker (replica) left for it
 )
