@@ -150,7 +150,9 @@ def load_model(config: SchedulerConfig, progress: bool = True, replicas: int = 1
     A server always runs a ReplicatedEngine, even over one worker group: when that group fails,
     its requests end with UNAVAILABLE and the engine waits for a group to join, where an
     EngineCore would be gone for good."""
-    with tqdm(total=2, disable=not progress, bar_format="{desc} ({n}/{total}) [{elapsed}]") as bar:
+    # disable=None: no bar where stderr is not a terminal (a log file would get \r fragments).
+    with tqdm(total=2, disable=None if progress else True,
+              bar_format="{desc} ({n}/{total}) [{elapsed}]") as bar:
         bar.set_description_str("Loading the tokenizer")
         tokenizer = load_tokenizer(config.model)
         bar.update()

@@ -50,7 +50,7 @@ def _next_event(response: http.client.HTTPResponse) -> str:
 
 
 def test_ctrl_c_says_how_to_stop_now_and_the_second_ends_streams_with_an_error(tmp_path):
-    _, terminal = os.openpty()  # stdin is a terminal, as for a person running `make run`
+    controller, terminal = os.openpty()  # stdin is a terminal, as for a person running `make run`
     server = ServerProcess(tmp_path, "--max-model-len", "1024", "--kv-cache-memory", "192M",
                            stdin=terminal)
     try:
@@ -89,3 +89,4 @@ def test_ctrl_c_says_how_to_stop_now_and_the_second_ends_streams_with_an_error(t
     finally:
         server.stop()
         os.close(terminal)
+        os.close(controller)
