@@ -122,7 +122,7 @@ def test_make_run_serves_busy_side_ports_elsewhere_and_says_so(tmp_path, default
     stamp.touch()  # newer than pyproject.toml: make skips the setup
     # ARGS reaches `batchwire serve`: a free client port and the ready file of this test.
     args = f"--port 0 --no-progress --ready-file {tmp_path / 'ready.json'}"
-    serve = BoundServe(tmp_path, argv=["make", "-s", f"STAMP={stamp}", f"PY={sys.executable}",
+    serve = BoundServe(tmp_path, argv=["make", "-s", f"RUN_STAMP={stamp}", f"PY={sys.executable}",
                                        "run", f"ARGS={args}"])
     try:
         assert serve.ports["http_port"] not in (None, 8000)
