@@ -263,7 +263,7 @@ class SchedulerServer:
         self._metrics_server: Any = None
         self._stop = asyncio.Event()
         self._signals = 0
-        self._last_signal = signal.SIGTERM
+        self._last_signal: int = signal.SIGTERM
         self._watcher: Any = None  # the pod watch, with discover_workers
         self._generation = GenerationConfig({}, "not loaded yet")
 
@@ -519,8 +519,10 @@ def with_free_side_ports(cfg: ServerConfig) -> tuple[ServerConfig, list[PortRequ
     """The config with any busy metrics or HTTP port replaced by 0 (any free port), and the
     requests that were busy."""
     busy = [r for r in side_ports(cfg) if not is_free(r)]
-    swaps = {"http_port" if r.what == "HTTP" else "metrics_port": 0 for r in busy}
-    return dataclasses.replace(cfg, **swaps), busy
+    whats = {r.what for r in busy}
+    return dataclasses.replace(
+        cfg, http_port=0 if "HTTP" in whats else cfg.http_port,
+        metrics_port=0 if "metrics" in whats else cfg.metrics_port), busy
 
 
 def _cli_command() -> str:
