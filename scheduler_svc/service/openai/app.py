@@ -91,13 +91,13 @@ def build_app(front: FrontContext) -> FastAPI:
               responses={200: {"content": {"text/event-stream": {}}}},
               operation_id="create_completion")
     async def create_completion(body: CompletionRequest, request: Request) -> Response:
-        return await completions.create(body, request, context(request))
+        return await completions.create(body, request, generating(context(request)))
 
     @api.post("/v1/chat/completions", response_model=responses.ChatCompletionResponse,
               responses={200: {"content": {"text/event-stream": {}}}},
               operation_id="create_chat_completion")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-        return await chat.create(body, request, context(request))
+        return await chat.create(body, request, generating(context(request)))
 
     @api.post("/v1/embeddings", response_model=responses.EmbeddingResponse)
     async def create_embedding(body: EmbeddingRequest, request: Request) -> JSONResponse:
@@ -179,6 +179,14 @@ def build_app(front: FrontContext) -> FastAPI:
                         media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def generating(ctx: FrontContext) -> FrontContext:
+    """ctx, when its model generates; the gRPC admission's refusal names RPCs (Embed), so an
+    embedding server is refused here in HTTP's words."""
+    if ctx.model().task != "generate":
+        raise errors.OpenAIError(400, errors.WRONG_TASK_GENERATE, "model", "wrong_task")
+    return ctx
 
 
 def _not_serving_reason(servicer: Any) -> str:

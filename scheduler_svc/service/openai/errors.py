@@ -36,6 +36,9 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error",
           413: "invalid_request_error", 429: "rate_limit_error",
           503: "service_unavailable_error"}
 _CODES = {429: "queue_full", 503: "service_unavailable"}
+WRONG_TASK_GENERATE = ("this server runs an embedding model (--task embed), which generates no "
+                       "text: use /v1/embeddings here, or serve a generation model (`batchwire "
+                       "serve` without --task embed)")
 
 
 class OpenAIError(Exception):
@@ -60,9 +63,7 @@ def as_body(error: BaseException) -> tuple[int, dict[str, Any]]:
     if isinstance(error, WrongTaskError):
         # The gRPC words name RPCs (Generate, Embed). /v1/embeddings checks its own task, so
         # here a generation route met an embedding server.
-        return 400, body(400, "this server runs an embedding model (--task embed), which "
-                         "generates no text: use /v1/embeddings here, or serve a generation "
-                         "model (`batchwire serve` without --task embed)", "model", "wrong_task")
+        return 400, body(400, WRONG_TASK_GENERATE, "model", "wrong_task")
     code, message = status_for(error)  # logs an unexpected error
     status = _HTTP_STATUS.get(code, 500)
     param = error.field if isinstance(error, InvalidRequestError) else None
