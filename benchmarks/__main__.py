@@ -65,9 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "%(default)s, the cores)")
     common.add_argument("--model", help="checkpoint directory or .gguf file (default: the "
                         "embedded SmolLM2-135M-Instruct)")
-    parser = argparse.ArgumentParser(prog="batchwire bench", description=__doc__,
+    # The first paragraph alone: the sub-command list below names each benchmark with its help.
+    parser = argparse.ArgumentParser(prog="batchwire bench", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="benchmark", required=True)
+    sub = parser.add_subparsers(dest="benchmark", required=True, metavar="BENCHMARK",
+                                title="benchmarks")
     for name in BENCHMARKS:
         module = _module(name)
         p = sub.add_parser(name, parents=[common], help=BENCHMARKS[name][1],

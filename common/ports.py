@@ -35,6 +35,15 @@ def _bind_host(host: str) -> tuple[int, str]:
     return (socket.AF_INET6 if ":" in host else socket.AF_INET), host
 
 
+def is_free(request: PortRequest) -> bool:
+    """Whether the port can be bound now (port 0 always can)."""
+    try:
+        check_free([request])
+    except PortInUseError:
+        return False
+    return True
+
+
 def check_free(requests: list[PortRequest]) -> None:
     """Raises PortInUseError for the first port that cannot be bound now. A listener on the port
     (on any local address) refuses the bind even with SO_REUSEADDR, which is set so that a port
@@ -53,4 +62,4 @@ def check_free(requests: list[PortRequest]) -> None:
                 raise
 
 
-__all__ = ["PortInUseError", "PortRequest", "check_free"]
+__all__ = ["PortInUseError", "PortRequest", "check_free", "is_free"]

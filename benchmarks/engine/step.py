@@ -29,7 +29,7 @@ def quick(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> None:
     n, steps, repeats = args.num_reqs, args.steps, args.repeats
     rows: dict[str, dict[str, Any]] = {}
-    with tqdm(total=3, desc="step", unit="part") as bar:
+    with tqdm(total=3, desc="step", unit="part", disable=None) as bar:
         bar.set_postfix_str("runner")
         for name, us in runner_step.measure(n, 200, steps, repeats).items():
             rows[f"runner inputs, {name} batch"] = spread(us)

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> None:
     shared = [p for p, _ in shared_prefix(args.num_prompts, args.prefix_len, args.suffix_len,
                                           args.output_len)]
     distinct = [p for p, _ in w64()][:args.num_prompts]
-    with tqdm(total=4 * args.repeats, desc="prefix", unit="run") as bar:
+    with tqdm(total=4 * args.repeats, desc="prefix", unit="run", disable=None) as bar:
         raw = compare(shared, distinct, args.output_len, args.repeats, args.dtype, args.model,
                       on_run=lambda: bar.update(1))
     results = {f"{work}, cache {'on' if on else 'off'}": {

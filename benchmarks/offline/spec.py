@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> None:
     rows: dict[tuple[str, str], list[dict[str, float]]] = {}
     w64_runs: dict[str, list[float]] = {}
     total = args.repeats * (2 * len(configs) + 2)
-    with tqdm(total=total, desc="spec", unit="run") as bar:
+    with tqdm(total=total, desc="spec", unit="run", disable=None) as bar:
         for _ in range(args.repeats):  # every configuration once per repeat: drift hits all
             for name, k in configs.items():
                 singles = [_generate(engine(k), [p], args.output_len) for p in prompts]

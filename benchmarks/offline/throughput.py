@@ -94,7 +94,8 @@ def run(args: argparse.Namespace) -> None:
         print(f"llama.cpp peer skipped: {skipped}")
 
     seconds: dict[str, list[float]] = {c: [] for c in configs}
-    with tqdm(total=args.repeats * len(configs), desc="throughput", unit="run") as bar:
+    with tqdm(total=args.repeats * len(configs), desc="throughput", unit="run",
+              disable=None) as bar:
         for _ in range(args.repeats):
             for c, fn in configs.items():  # in turns, so a drifting load hits every one alike
                 bar.set_postfix_str(c)

@@ -39,7 +39,7 @@ async def _run(address: str, workload: Workload, rate: float, max_concurrency: i
     openai = api == "openai"
     async with (openai_load.session() if openai else grpc.aio.insecure_channel(address)) as c:
         stub = None if openai else generate_pb2_grpc.GenerationStub(c)
-        with tqdm(total=len(workload), desc=desc, unit="req") as bar:
+        with tqdm(total=len(workload), desc=desc, unit="req", disable=None) as bar:
             async def send(i: int) -> None:
                 async with slots:
                     prompt, max_tokens = workload[i]

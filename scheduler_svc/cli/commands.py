@@ -36,14 +36,24 @@ from scheduler_svc.cli.client_commands import (
 from scheduler_svc.config import POLICIES, SchedulerConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
+DRAIN_S = 600.0  # an orchestrator's drain: long requests finish before a rollout moves on
+INTERACTIVE_DRAIN_S = 30.0  # a person at the terminal who pressed Ctrl-C
+
+
+def _drain_timeout(given: float | None) -> float:
+    if given is not None:
+        return given
+    return INTERACTIVE_DRAIN_S if sys.stdin is not None and sys.stdin.isatty() else DRAIN_S
 
 
 def _option(group: Any, flag: str, default: Any, help: str, type: Callable = str,
             **kwargs: Any) -> None:
     """An option whose default comes from BATCHWIRE_<OPTION> when that is set."""
     shown = format_size(default) if type is byte_size and default else "%(default)s"
+    # With no default the help text says what happens without the option.
+    where = env_name(flag) if default is None else f"{env_name(flag)}; default: {shown}"
     group.add_argument(flag, type=type, default=env_default(flag, default),
-                       help=f"{help} [{env_name(flag)}; default: {shown}]", **kwargs)
+                       help=f"{help} [{where}]", **kwargs)
 
 
 def _flag(group: Any, flag: str, help: str) -> None:
@@ -146,13 +156,17 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
 
 def _add_server_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("client API")
-    _option(g, "--host", "0.0.0.0", "address to bind")
+    _option(g, "--host", "127.0.0.1", "address the client, HTTP and metrics ports bind: "
+            "loopback, this machine alone, unless told otherwise (0.0.0.0 = every interface; "
+            "the container images and manifests set it)")
     _option(g, "--port", 50051, "gRPC port for clients (0 = any free port)", type=int)
     _option(g, "--metrics-port", 9090, "Prometheus /metrics port (0 = any free port)", type=int)
     _flag(g, "--no-metrics", "serve no /metrics")
     _option(g, "--http-port", 8000, "OpenAI-compatible HTTP API port (/v1/completions, "
             "/v1/chat/completions, ...; 0 = any free port)", type=int)
     _flag(g, "--no-http", "serve no HTTP API")
+    _flag(g, "--side-ports-fallback", "when the metrics or HTTP port is in use, serve it on a "
+          "free port instead of stopping, and say which (make run sets it)")
     # Sized from the model by default: a body larger than the longest prompt that can fit
     # max_model_len only costs memory and event-loop time to read (openai/body.py).
     _option(g, "--max-request-bytes", None, "largest HTTP request body, e.g. 8M; larger ones "
@@ -164,8 +178,9 @@ def _add_server_options(p: argparse.ArgumentParser) -> None:
                    help="the names /v1/models lists and requests' `model` may use, the first "
                    f"reported back [{env}, space-separated; default: the model's name]")
     _option(g, "--ready-file", None, "write the bound ports here as JSON once bound")
-    _option(g, "--drain-timeout", 600.0, "seconds requests in flight may take to finish after "
-            "SIGTERM", type=float)
+    _option(g, "--drain-timeout", None, "seconds requests in flight may take to finish after "
+            f"SIGTERM or Ctrl-C (a second one stops at once); default: {INTERACTIVE_DRAIN_S:.0f} "
+            f"when run from a terminal, where a person waits, else {DRAIN_S:.0f}", type=float)
     _option(g, "--max-message-size", 16 << 20, "largest request or response message, in bytes",
             type=byte_size)
     _option(g, "--max-connection-age", 600.0, "seconds after which a client connection is "
@@ -280,8 +295,8 @@ def _run_server(args: argparse.Namespace, scheduler: SchedulerConfig, replicas: 
         metrics_port=None if args.no_metrics else args.metrics_port,
         http_port=None if args.no_http else args.http_port,
         served_model_names=tuple(args.served_model_name),
-        max_request_bytes=args.max_request_bytes,
-        ready_file=args.ready_file, drain_timeout_s=args.drain_timeout,
+        max_request_bytes=args.max_request_bytes, side_ports_fallback=args.side_ports_fallback,
+        ready_file=args.ready_file, drain_timeout_s=_drain_timeout(args.drain_timeout),
         max_message_bytes=args.max_message_size, max_connection_age_s=args.max_connection_age,
         max_connection_age_grace_s=args.max_connection_age, progress=not args.no_progress,
         replicas=replicas, **server)

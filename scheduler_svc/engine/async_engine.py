@@ -239,6 +239,11 @@ class AsyncEngine:
             self._send(AbortRequests(active))
         return active
 
+    def fail_all(self, error: Exception) -> None:
+        """Ends every active stream with the error, for the server stopping now: its readers
+        send the error to their clients instead of being cut off."""
+        self._fail(list(self._streams), error)
+
     def _close(self, stream: RequestStream) -> None:
         """The reader went away: abort the request. The stream keeps its id until the engine's
         last output for it arrives (or its admission is refused)."""

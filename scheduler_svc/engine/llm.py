@@ -93,7 +93,9 @@ class LLM:
         return [cast(list[float], r.embedding) for r in results.values()]
 
     def _run(self, results: dict[str, RequestOutput], use_tqdm: bool) -> None:
-        with tqdm(total=len(results), desc="Generating", unit="req", disable=not use_tqdm) as bar:
+        # disable=None: no bar where stderr is not a terminal (a log would get \r fragments).
+        with tqdm(total=len(results), desc="Generating", unit="req",
+                  disable=None if use_tqdm else True) as bar:
             remaining = len(results)
             while remaining:
                 for out in self.engine.step():

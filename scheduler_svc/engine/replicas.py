@@ -64,6 +64,10 @@ logger = logging.getLogger(__name__)
 LIVENESS_POLL_S = 0.25
 
 
+NO_WORKER = ("no worker is available to run the request: none has joined yet, or every one "
+             "failed or is leaving")
+
+
 class NoReplicaError(WorkerUnavailableError):
     """Requests that no replica can run. `outputs` are the step's results for the other
     requests, still to be delivered when step() raises this."""
@@ -149,7 +153,7 @@ class ReplicatedEngine:
                                       "active request")
         replica = self._place(prompt_token_ids, kwargs.get("cache_salt"))
         if replica is None:
-            raise NoReplicaError("no worker replica is available",
+            raise NoReplicaError(NO_WORKER,
                                  [request_id] if request_id is not None else [])
         return replica.core.add_request(prompt_token_ids, sampling_params,
                                         request_id=request_id, **kwargs)

@@ -3,8 +3,10 @@
 The port is bound first and health answers NOT_SERVING while the model loads; SERVING comes only
 after the workers are ready and one warm-up request has run end to end. SIGTERM (or SIGINT)
 drains: NOT_SERVING, new requests refused with UNAVAILABLE, requests in flight run to the end,
-then the server stops. A second signal stops at once. While no worker replica is live (the last
-one died, froze or is leaving) health says NOT_SERVING too, and SERVING again once one is.
+then the server stops. A second signal stops now: the requests still running end with an error
+(gRPC UNAVAILABLE; on HTTP streams an error event and [DONE]), then the process exits. While no
+worker replica is live (the last one died, froze or is leaving) health says NOT_SERVING too, and
+SERVING again once one is.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import grpc
 from batchwire.common.model_files import describe_weights
-from batchwire.common.ports import PortRequest, check_free
+from batchwire.common.ports import PortRequest, check_free, is_free
 from batchwire.v1 import generate_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -49,19 +51,22 @@ from scheduler_svc.service.registry import SERVICE_NAME as REGISTRY_SERVICE_NAME
 from scheduler_svc.service.registry import WorkerRegistryServicer, add_registry_to_server
 from scheduler_svc.service.request_parsing import ParseInHandler
 from scheduler_svc.service.security import ServerTls, add_port, interceptors, start_health_server
+from scheduler_svc.service.status_codes import ServerStoppingError
 from scheduler_svc.service.wire import longest_token_chars
 
 logger = logging.getLogger(__name__)
 
 REPLICA_WATCH_S = 0.25  # how often health looks at the replicas
+# After a second signal: the cut streams' errors go out within this, else the process exits.
+STOP_NOW_S = 5.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ServerConfig:
     scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback: nothing here is reachable from elsewhere unless asked
     port: int = 50051  # 0 = any free port (written to ready_file)
-    metrics_host: str = "0.0.0.0"
+    metrics_host: str = "127.0.0.1"
     metrics_port: int | None = 9090  # None = no metrics server; 0 = any free port
     ready_file: str | None = None  # JSON with the bound ports, written once bound
     drain_timeout_s: float = 600.0  # the longest in-flight requests may take after SIGTERM
@@ -90,6 +95,9 @@ class ServerConfig:
     http_port: int | None = 8000
     served_model_names: tuple[str, ...] = ()  # what /v1/models lists; () = the model's name
     max_request_bytes: int | None = None  # HTTP bodies; None: sized from the model (body.py)
+    # A busy metrics or HTTP port is swapped for a free one (and said so) instead of stopping
+    # the server: `make run` on a desktop where something else holds 8000 or 9090.
+    side_ports_fallback: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.port < 65536:
@@ -142,7 +150,9 @@ def load_model(config: SchedulerConfig, progress: bool = True, replicas: int = 1
     A server always runs a ReplicatedEngine, even over one worker group: when that group fails,
     its requests end with UNAVAILABLE and the engine waits for a group to join, where an
     EngineCore would be gone for good."""
-    with tqdm(total=2, disable=not progress, bar_format="{desc} ({n}/{total}) [{elapsed}]") as bar:
+    # disable=None: no bar where stderr is not a terminal (a log file would get \r fragments).
+    with tqdm(total=2, disable=None if progress else True,
+              bar_format="{desc} ({n}/{total}) [{elapsed}]") as bar:
         bar.set_description_str("Loading the tokenizer")
         tokenizer = load_tokenizer(config.model)
         bar.update()
@@ -253,6 +263,7 @@ class SchedulerServer:
         self._metrics_server: Any = None
         self._stop = asyncio.Event()
         self._signals = 0
+        self._last_signal: int = signal.SIGTERM
         self._watcher: Any = None  # the pod watch, with discover_workers
         self._generation = GenerationConfig({}, "not loaded yet")
 
@@ -295,7 +306,7 @@ class SchedulerServer:
         await self._stop.wait()
         watch.cancel()
         await self._drain()
-        return 0
+        return 1 if self._signals > 1 else 0  # stopped now: requests were cut off
 
     async def _watch_replicas(self, core: ReplicatedEngine) -> None:
         """Health follows whether a replica can take requests: a load balancer or Kubernetes
@@ -352,6 +363,9 @@ class SchedulerServer:
         return load_model(cfg.scheduler, cfg.progress, cfg.replicas)
 
     async def _bind(self) -> None:
+        busy: list[PortRequest] = []
+        if self.config.side_ports_fallback:
+            self.config, busy = with_free_side_ports(self.config)
         cfg = self.config
         check_free(ports_to_open(cfg))  # before any is bound: nothing to undo when one is taken
         address = f"{cfg.host}:{cfg.port}"
@@ -367,8 +381,12 @@ class SchedulerServer:
                 self.metrics.registry, cfg.metrics_host, cfg.metrics_port)
         if cfg.http_port is not None:
             await self._start_http()
-        logger.info("listening on %s:%d (metrics: %s); loading the model", cfg.host, self.port,
-                    f"port {self.metrics_port}" if self.metrics_port is not None else "off")
+        for r in busy:
+            taken = self.http_port if r.what == "HTTP" else self.metrics_port
+            print(f"batchwire: the {r.what} port {r.port} on {r.host} is in use: serving "
+                  f"{r.what} on port {taken} instead", file=sys.stderr, flush=True)
+        logger.info("listening on %s:%d (HTTP: %s, metrics: %s); loading the model", cfg.host,
+                    self.port, _port_or_off(self.http_port), _port_or_off(self.metrics_port))
         if cfg.ready_file:
             _write_ready_file(cfg.ready_file, {"pid": os.getpid(), "port": self.port,
                                                "metrics_port": self.metrics_port,
@@ -398,11 +416,27 @@ class SchedulerServer:
 
     def _on_signal(self, sig: int) -> None:
         self._signals += 1
+        name = signal.Signals(sig).name
         if self._signals > 1:
-            logger.warning("second %s: stopping now", signal.Signals(sig).name)
-            os._exit(1)
-        logger.info("%s: draining", signal.Signals(sig).name)
+            self._stop_now(name)
+            return
+        logger.info("%s: draining (%s again to stop now)", name, _again(sig))
+        self._last_signal = sig
         self._stop.set()
+
+    def _stop_now(self, name: str) -> None:
+        """Ends the requests in flight with an error their clients read, lets the drain finish
+        (now at once), and exits for sure after STOP_NOW_S."""
+        if self._signals > 2:
+            os._exit(1)
+        active = self.engine.num_active if self.engine is not None else 0
+        logger.warning("second %s: stopping now, ending %s", name, _requests(active))
+        if self.engine is not None:
+            self.engine.fail_all(ServerStoppingError(
+                "the server is stopping: the request was cut off before it finished"))
+        deadline = threading.Timer(STOP_NOW_S, os._exit, (1,))  # should closing the servers hang
+        deadline.daemon = True
+        deadline.start()
 
     async def _drain(self) -> None:
         self.servicer.draining = True
@@ -411,13 +445,16 @@ class SchedulerServer:
         if engine is not None:
             engine.stop_admitting()
             if engine.num_active:
-                logger.info("waiting for %d requests in flight", engine.num_active)
+                logger.info("waiting up to %.0f s for %s in flight to finish (%s again to "
+                            "stop now)", self.config.drain_timeout_s,
+                            _requests(engine.num_active), _again(self._last_signal))
             try:
                 await asyncio.wait_for(engine.wait_until_idle(), self.config.drain_timeout_s)
             except TimeoutError:
-                logger.warning("%d requests still running after %.0f s: stopping anyway",
-                               engine.num_active, self.config.drain_timeout_s)
-        await self.server.stop(grace=5.0)  # the last messages of finished streams go out
+                logger.warning("%s still running after %.0f s: stopping anyway",
+                               _requests(engine.num_active), self.config.drain_timeout_s)
+        # The last messages of finished streams (and of streams cut by a second signal) go out.
+        await self.server.stop(grace=5.0)
         if self.http is not None:
             await self.http.stop()
         if self._watcher is not None:
@@ -455,10 +492,28 @@ class SchedulerServer:
               f"{http}", flush=True)
 
 
+def _requests(n: int) -> str:
+    return f"{n} request" if n == 1 else f"{n} requests"
+
+
+def _again(sig: int) -> str:
+    return "press Ctrl-C" if sig == signal.SIGINT else f"send {signal.Signals(sig).name}"
+
+
+def _port_or_off(port: int | None) -> str:
+    return f"port {port}" if port is not None else "off"
+
+
 def ports_to_open(cfg: ServerConfig) -> list[PortRequest]:
     ports = [PortRequest("gRPC", cfg.host, cfg.port, "--port")]
     if cfg.health_port is not None:
         ports.append(PortRequest("health", cfg.host, cfg.health_port, "--health-port"))
+    return ports + side_ports(cfg)
+
+
+def side_ports(cfg: ServerConfig) -> list[PortRequest]:
+    """The ports beside the client port: HTTP and metrics."""
+    ports = []
     if cfg.http_port is not None:
         ports.append(PortRequest("HTTP", cfg.host, cfg.http_port, "--http-port",
                                  ", or serve no HTTP with --no-http"))
@@ -466,6 +521,16 @@ def ports_to_open(cfg: ServerConfig) -> list[PortRequest]:
         ports.append(PortRequest("metrics", cfg.metrics_host, cfg.metrics_port,
                                  "--metrics-port", ", or serve none with --no-metrics"))
     return ports
+
+
+def with_free_side_ports(cfg: ServerConfig) -> tuple[ServerConfig, list[PortRequest]]:
+    """The config with any busy metrics or HTTP port replaced by 0 (any free port), and the
+    requests that were busy."""
+    busy = [r for r in side_ports(cfg) if not is_free(r)]
+    whats = {r.what for r in busy}
+    return dataclasses.replace(
+        cfg, http_port=0 if "HTTP" in whats else cfg.http_port,
+        metrics_port=0 if "metrics" in whats else cfg.metrics_port), busy
 
 
 def _cli_command() -> str:

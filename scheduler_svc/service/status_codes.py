@@ -14,13 +14,17 @@ from scheduler_svc.core.errors import (
     WrongTaskError,
 )
 from scheduler_svc.engine.async_engine import EngineDeadError, NotAdmittingError
-from scheduler_svc.executors.errors import WorkerUnavailableError
+from scheduler_svc.executors.errors import WorkerError, WorkerUnavailableError
 
 logger = logging.getLogger(__name__)
 
 
 class NotReadyError(RuntimeError):
     """The model is still loading."""
+
+
+class ServerStoppingError(RuntimeError):
+    """The server was told to stop now (a second SIGINT or SIGTERM) while the request ran."""
 
 
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
@@ -30,6 +34,7 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (NotReadyError, grpc.StatusCode.UNAVAILABLE),
     (NotAdmittingError, grpc.StatusCode.UNAVAILABLE),
+    (ServerStoppingError, grpc.StatusCode.UNAVAILABLE),
     (EngineDeadError, grpc.StatusCode.UNAVAILABLE),
     (WorkerUnavailableError, grpc.StatusCode.UNAVAILABLE),  # no worker (replica) left for it
 )
@@ -38,9 +43,18 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
 def status_for(error: BaseException) -> tuple[grpc.StatusCode, str]:
     for kind, code in _CODES:
         if isinstance(error, kind):
-            return code, str(error)
+            return code, _message(error)
     logger.exception("internal error", exc_info=error)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(error).__name__}: {error}"
+
+
+def _message(error: BaseException) -> str:
+    """The error's words without its code: a worker's error says "worker: UNAVAILABLE: ..."
+    where the status names UNAVAILABLE already."""
+    if isinstance(error, WorkerError):
+        where = "" if error.rank is None else f"worker rank {error.rank} at {error.address}: "
+        return where + error.message
+    return str(error)
 
 
 async def abort_with(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:

@@ -30,7 +30,7 @@ BASE_ARGS = ("--dtype", "float32", "--kv-cache-memory", "64M", "--max-model-len"
 class ServerProcess:
     """Starts the server in a process group of its own; stop() kills the whole group."""
 
-    def __init__(self, tmp: Path, *extra_args: str) -> None:
+    def __init__(self, tmp: Path, *extra_args: str, stdin: int | None = None) -> None:
         self.ready_file = tmp / "ready.json"
         self.log_path = tmp / "server.log"
         self._log = open(self.log_path, "w")  # closed in stop()
@@ -39,7 +39,7 @@ class ServerProcess:
                "--ready-file", str(self.ready_file), "--no-progress", *extra_args]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(cmd, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
-                                        env=env, start_new_session=True)
+                                        env=env, start_new_session=True, stdin=stdin)
         info = self._wait_for_ready_file()
         self.port = info["port"]
         self.metrics_port = info["metrics_port"]

@@ -116,3 +116,29 @@ def test_an_address_without_a_port_means_the_default_port():
     assert with_default_port("dns:///scheduler.svc:50051") == "dns:///scheduler.svc:50051"
     with GenerationClient("localhost") as client:
         assert client.address == "localhost:50051"
+
+
+class _NoWorker(generate_pb2_grpc.GenerationServicer):
+    """Refuses every request as the scheduler does when no worker replica is left."""
+
+    def Generate(self, request, context):
+        from scheduler_svc.engine.replicas import NO_WORKER, NoReplicaError
+        from scheduler_svc.service.status_codes import status_for
+
+        context.abort(*status_for(NoReplicaError(NO_WORKER)))
+
+
+def test_no_worker_says_unavailable_once_and_why():
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    generate_pb2_grpc.add_GenerationServicer_to_server(_NoWorker(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        done = subprocess.run([*CLI, "generate", "--address", f"127.0.0.1:{port}", "--raw", "Hi"],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+    finally:
+        server.stop(0)
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        "batchwire generate: UNAVAILABLE: no worker is available to run the request: none has "
+        "joined yet, or every one failed or is leaving"), done.stderr

@@ -69,6 +69,34 @@ def test_help_texts_show_sizes_in_units_and_no_internal_references(capsys):
         main(["serve", "--help"])
     out = capsys.readouterr().out
     assert "default: 1G]" in out and "default: 16M]" in out and "1073741824" not in out
+    assert "default: None" not in out and "[BATCHWIRE_MODEL]" in out
+
+
+def test_bench_help_lists_each_benchmark_once(capsys):
+    from batchwire.benchmarks.__main__ import BENCHMARKS
+
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    out = capsys.readouterr().out
+    for name in [*BENCHMARKS, "all"]:
+        listed = re.findall(rf"^\s+{re.escape(name)}(\s|$)", out, re.M)
+        assert len(listed) == 1, (name, out)
+
+
+def test_drain_timeout_waits_less_for_a_person_at_a_terminal(monkeypatch):
+    import io
+    import os
+
+    from scheduler_svc.cli.commands import DRAIN_S, INTERACTIVE_DRAIN_S, _drain_timeout
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO())  # a container's or a service's stdin
+    assert _drain_timeout(None) == DRAIN_S == 600
+    assert _drain_timeout(12.0) == 12.0  # given: it wins
+    controller, terminal = os.openpty()
+    with os.fdopen(controller), os.fdopen(terminal) as tty:
+        monkeypatch.setattr(sys, "stdin", tty)
+        assert _drain_timeout(None) == INTERACTIVE_DRAIN_S == 30
+        assert _drain_timeout(12.0) == 12.0
 
 
 def test_version():

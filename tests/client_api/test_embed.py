@@ -184,5 +184,7 @@ def test_the_openai_sdk_embeds_the_same_vectors(servers, default_tokenizer):
     with pytest.raises(openai.BadRequestError) as e:
         client.embeddings.create(model="SmolLM2-135M-Instruct", input=[])
     assert e.value.body["param"] == "input"
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=2)
+    assert "use /v1/embeddings here" in e.value.body["message"]  # HTTP's words, not Embed's
+    assert e.value.body["code"] == "wrong_task"

@@ -39,7 +39,9 @@ def test_max_request_bytes_config_and_default():
     (b'{"m": {"\\ud800": 1}}', 400, "m", "a key of"),
     (b"[" * 66 + b"]" * 66, 400, None, "nested more than 64"),
     (b"[" * 200_000 + b"]" * 200_000, 400, None, "nested more than 64"),
-    (b'{"seed": 1' + b"0" * 5000 + b"}", 400, None, "not JSON"),
+    (b'{"seed": 1' + b"0" * 5000 + b"}", 400, None, "the body is not valid JSON"),
+    (b'{"prompt": "hi",}', 400, None, "the body is not valid JSON: Expecting property name "
+     "enclosed in double quotes at line 1, column 17 (character 16)"),
 ])
 def test_parse_refuses(body, status, param, words):
     with pytest.raises(BodyError) as refused:

@@ -76,8 +76,9 @@ def test_full_queue_refused_at_admission_then_sigterm_drains(small_server):
     with pytest.raises(openai.InternalServerError) as draining:
         http.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=4)
     assert draining.value.status_code == 503
-    with pytest.raises(openai.InternalServerError):  # /health: 503 once not SERVING
+    with pytest.raises(openai.InternalServerError) as health:  # /health: 503, and why
         http.get(small_server.base_url.removesuffix("/v1") + "/health", cast_to=object)
+    assert "the server is stopping" in health.value.body["message"]
 
     # The running request goes on streaming while the server drains; it is aborted here only to
     # keep the test short. The waiting one is admitted and runs to its end.

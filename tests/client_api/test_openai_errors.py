@@ -111,7 +111,9 @@ def _status(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict]
 
 def test_keys_and_no_worker(keyed_scheduler):
     url = keyed_scheduler
-    assert _status(f"{url}/health")[0] == 503  # open, and not serving: no worker yet
+    code, body = _status(f"{url}/health")  # open, and not serving: no worker yet
+    assert code == 503 and body["error"]["type"] == "service_unavailable_error"
+    assert "no worker has joined yet" in body["error"]["message"]
     code, body = _status(f"{url}/v1/models")
     assert code == 401 and "Authorization: Bearer" in body["error"]["message"]
     assert body["error"]["type"] == "authentication_error"
@@ -152,3 +154,34 @@ def test_https_with_the_grpc_ports_certificate(tmp_path):
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10)
     finally:
         process.stop(grace_s=2)
+
+
+def _post(url: str, data: bytes, content_type: str | None = "application/json"
+          ) -> tuple[int, dict]:
+    headers = {"Content-Type": content_type} if content_type else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data, headers), timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_http_errors_say_what_to_change_in_http_words(server):
+    url = server.base_url
+    code, body = _post(f"{url}/embeddings", json.dumps({"model": MODEL, "input": "hi"}).encode())
+    error = body["error"]
+    assert code == 400 and error["param"] == "model" and error["code"] == "wrong_task"
+    assert "'generate' model" in error["message"] and "--task embed" in error["message"]
+    assert "/v1/completions" in error["message"]
+    assert "Embed:" not in error["message"] and "use Generate" not in error["message"]
+
+    code, body = _post(f"{url}/completions", b'{"model": "x", "prompt": "hi",}')
+    assert code == 400 and body["error"]["message"] == (
+        "the body is not valid JSON: Expecting property name enclosed in double quotes at "
+        "line 1, column 31 (character 30)")
+    # curl -d without -H sends a form's content type: FastAPI does not read it as JSON.
+    code, body = _post(f"{url}/completions", b'{"model": "x", "prompt": "hi"}',
+                       "application/x-www-form-urlencoded")
+    assert code == 400 and body["error"]["message"] == (
+        "the body is not read as JSON: it came as 'application/x-www-form-urlencoded'; send it "
+        "with `Content-Type: application/json`")

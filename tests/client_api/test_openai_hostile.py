@@ -95,11 +95,12 @@ BODIES = [
     (b'{"prompt": "\xff", "max_tokens": 2}', "not UTF-8"),
     (b'{"prompt": "hi", "max_tokens": 2, "logit_bias": {"5": Infinity}}', "Infinity is not JSON"),
     (b'{"prompt": "hi", "temperature": NaN}', "NaN is not JSON"),
-    (b'{"prompt": "hi", "seed": 1' + b"0" * 5000 + b"}", "not JSON"),
+    (b'{"prompt": "hi", "seed": 1' + b"0" * 5000 + b"}", "the body is not valid JSON"),
     (b"[" * 100_000 + b"]" * 100_000, "nested"),
     (b'{"prompt": "hi", "response_format": ' + b'{"a": ' * 100 + b"1" + b"}" * 101,
      "nested more than 64"),
-    (b'{"prompt": "hi", "max_tokens": 2', "not JSON"),
+    (b'{"prompt": "hi", "max_tokens": 2', "the body is not valid JSON: Expecting ',' delimiter "
+     "at line 1, column 33 (character 32)"),
 ]
 
 

@@ -78,3 +78,10 @@ def test_every_package_folder_is_copied():
     ignore = (DEPLOY / "Dockerfile.dockerignore").read_text()
     for folder in folders:
         assert f"!{folder}/" in ignore
+
+
+def test_images_bind_every_interface_where_the_commands_bind_loopback():
+    # batchwire serve, scheduler and worker bind 127.0.0.1 by default; inside a container that
+    # address is unreachable, so every image sets the host (a manifest narrows it to the pod IP).
+    for name, body in images().items():
+        assert re.search(r"^ENV BATCHWIRE_HOST=0\.0\.0\.0$", body, re.M), name

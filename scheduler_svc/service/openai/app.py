@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.engine.replicas import NO_WORKER
 from scheduler_svc.service import wire
 from scheduler_svc.service.generation_servicer import tokenized
 from scheduler_svc.service.openai import chat, completions, embeddings, errors, responses
@@ -90,13 +91,13 @@ def build_app(front: FrontContext) -> FastAPI:
               responses={200: {"content": {"text/event-stream": {}}}},
               operation_id="create_completion")
     async def create_completion(body: CompletionRequest, request: Request) -> Response:
-        return await completions.create(body, request, context(request))
+        return await completions.create(body, request, generating(context(request)))
 
     @api.post("/v1/chat/completions", response_model=responses.ChatCompletionResponse,
               responses={200: {"content": {"text/event-stream": {}}}},
               operation_id="create_chat_completion")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
-        return await chat.create(body, request, context(request))
+        return await chat.create(body, request, generating(context(request)))
 
     @api.post("/v1/embeddings", response_model=responses.EmbeddingResponse)
     async def create_embedding(body: EmbeddingRequest, request: Request) -> JSONResponse:
@@ -159,11 +160,14 @@ def build_app(front: FrontContext) -> FastAPI:
 
     app.include_router(api)
 
-    @app.get("/health", responses={503: {"description": "not serving"}})
+    @app.get("/health", responses={503: {"description": "not serving, and why"}})
     async def health(request: Request) -> Response:
-        """200 while the gRPC health service says SERVING, 503 otherwise."""
-        serving = await context(request).serving()
-        return Response(status_code=200 if serving else 503)
+        """200 while the gRPC health service says SERVING; 503 otherwise, with an error object
+        saying why (loading, draining, no worker)."""
+        ctx = context(request)
+        if await ctx.serving():
+            return Response(status_code=200)
+        return JSONResponse(errors.body(503, _not_serving_reason(ctx.servicer)), 503)
 
     @app.get("/version", response_model=responses.VersionResponse)
     async def version(request: Request) -> JSONResponse:
@@ -175,3 +179,21 @@ def build_app(front: FrontContext) -> FastAPI:
                         media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+def generating(ctx: FrontContext) -> FrontContext:
+    """ctx, when its model generates; the gRPC admission's refusal names RPCs (Embed), so an
+    embedding server is refused here in HTTP's words."""
+    if ctx.model().task != "generate":
+        raise errors.OpenAIError(400, errors.WRONG_TASK_GENERATE, "model", "wrong_task")
+    return ctx
+
+
+def _not_serving_reason(servicer: Any) -> str:
+    if servicer.draining:
+        return ("not serving: the server is stopping; it finishes the requests in flight and "
+                "admits no new one")
+    if servicer.model is None:
+        return ("not serving yet: the model is still loading (or, for `batchwire scheduler`, "
+                "no worker has joined yet)")
+    return "not serving: " + NO_WORKER

@@ -112,8 +112,11 @@ def parse(body: bytes) -> Any:
         value = json.loads(text, parse_constant=_no_constant)
     except RecursionError:
         raise BodyError(400, f"body: nested more than {MAX_DEPTH} levels deep") from None
-    except ValueError as e:  # JSONDecodeError, and an integer of more than 4300 digits
-        raise BodyError(400, f"body: not JSON ({e})") from None
+    except json.JSONDecodeError as e:
+        raise BodyError(400, f"the body is not valid JSON: {e.msg} at line {e.lineno}, column "
+                        f"{e.colno} (character {e.pos})") from None
+    except ValueError as e:  # an integer of more than 4300 digits
+        raise BodyError(400, f"the body is not valid JSON: {e}") from None
     check_text(value)
     return value
 

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.service.embed import embed
 from scheduler_svc.service.openai.context import FrontContext
+from scheduler_svc.service.openai.errors import OpenAIError
 from scheduler_svc.service.openai.protocol import EmbeddingRequest, as_batch
 from scheduler_svc.service.openai.sampling import put
 
@@ -33,6 +34,11 @@ def embed_request(body: EmbeddingRequest) -> generate_pb2.EmbedRequest:
 async def create(body: EmbeddingRequest, ctx: FrontContext) -> JSONResponse:
     m = ctx.model()
     model = ctx.check_model(body.model)
+    if m.task != "embed":
+        raise OpenAIError(400, f"this server runs a {m.task!r} model, which makes no "
+                          "embeddings: use /v1/completions or /v1/chat/completions here, or "
+                          "serve an embedding model with `batchwire serve --task embed`",
+                          "model", "wrong_task")
     try:
         reply = await embed(m.engine, m.tokenizer, m.task, embed_request(body))
     except InvalidRequestError as e:

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.core.errors import InvalidRequestError, WrongTaskError
 from scheduler_svc.service.status_codes import status_for
 
 logger = logging.getLogger(__name__)
@@ -36,6 +36,9 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error",
           413: "invalid_request_error", 429: "rate_limit_error",
           503: "service_unavailable_error"}
 _CODES = {429: "queue_full", 503: "service_unavailable"}
+WRONG_TASK_GENERATE = ("this server runs an embedding model (--task embed), which generates no "
+                       "text: use /v1/embeddings here, or serve a generation model (`batchwire "
+                       "serve` without --task embed)")
 
 
 class OpenAIError(Exception):
@@ -57,6 +60,10 @@ def as_body(error: BaseException) -> tuple[int, dict[str, Any]]:
     """(HTTP status, error object) for any error a handler meets."""
     if isinstance(error, OpenAIError):
         return error.status, body(error.status, error.message, error.param, error.code)
+    if isinstance(error, WrongTaskError):
+        # The gRPC words name RPCs (Generate, Embed). /v1/embeddings checks its own task, so
+        # here a generation route met an embedding server.
+        return 400, body(400, WRONG_TASK_GENERATE, "model", "wrong_task")
     code, message = status_for(error)  # logs an unexpected error
     status = _HTTP_STATUS.get(code, 500)
     param = error.field if isinstance(error, InvalidRequestError) else None
@@ -109,7 +116,14 @@ def install(app: FastAPI) -> None:
     async def validation(request: Request, e: Exception) -> JSONResponse:
         assert isinstance(e, RequestValidationError)
         first = _most_specific(e.errors())
-        param = _param(tuple(first.get("loc", ())))
+        loc = tuple(first.get("loc", ()))
+        content_type = request.headers.get("content-type", "")
+        if loc == ("body",) and "json" not in content_type:
+            # FastAPI reads JSON only when told: curl -d sends a form's content type.
+            message = (f"the body is not read as JSON: it came as {content_type or 'no type'!r}; "
+                       "send it with `Content-Type: application/json`")
+            return JSONResponse(body(400, message, "body"), 400)
+        param = _param(loc)
         return JSONResponse(body(400, f"{param}: {first.get('msg')}", param), 400)
 
     async def http(request: Request, e: Exception) -> JSONResponse:
