@@ -2,9 +2,9 @@
 held-back text and stop strings.
 
 The engine step appends tokens and applies the token rules (EOS, stop token ids, max_tokens,
-min_tokens); its outputs carry token ids only. Whoever reads them runs each request's
-RequestText over them, in order: the server on its event loop (engine/async_engine.py), the
-offline engine inline after each step (EngineCore.step). A stop string found there ends the
+min_tokens); its outputs carry token ids only. Whoever reads them runs one OutputProcessor
+over them, in order: the server on its event loop (engine/async_engine.py), the offline engine
+inline after each step (EngineCore.step). A stop string found there ends the
 request for its client at once: the output is cut after the token that completed it, later
 outputs are dropped, and the engine is told to stop the request (EngineCore.stop_requests), which
 frees its blocks and confirms the end with one last output of its own.
