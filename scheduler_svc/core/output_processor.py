@@ -2,9 +2,9 @@
 held-back text and stop strings.
 
 The engine step appends tokens and applies the token rules (EOS, stop token ids, max_tokens,
-min_tokens); its outputs carry token ids only. Whoever reads them runs each request's
-RequestText over them, in order: the server on its event loop (engine/async_engine.py), the
-offline engine inline after each step (EngineCore.step). A stop string found there ends the
+min_tokens); its outputs carry token ids only. Whoever reads them runs one OutputProcessor
+over them, in order: the server on its event loop (engine/async_engine.py), the offline engine
+inline after each step (EngineCore.step). A stop string found there ends the
 request for its client at once: the output is cut after the token that completed it, later
 outputs are dropped, and the engine is told to stop the request (EngineCore.stop_requests), which
 frees its blocks and confirms the end with one last output of its own.
@@ -24,10 +24,11 @@ Stops = dict[str, tuple[int, str]]
 
 
 class RequestText:
-    """One request's text. `stopped`: a stop string ended it and the engine has not yet
-    confirmed the end (its outputs until then are dropped)."""
+    """One request's text. `ended`: its client's stream ended (a stop string, or the client
+    went away) and the engine has not yet confirmed the end (its outputs until then are
+    dropped)."""
 
-    __slots__ = ("detokenizer", "stopped")
+    __slots__ = ("detokenizer", "ended")
 
     def __init__(self, tokenizer: Any, prompt_token_ids: Sequence[int],
                  params: SamplingParams) -> None:
@@ -38,7 +39,7 @@ class RequestText:
         self.detokenizer = IncrementalDetokenizer(
             tokenizer, prompt, params.stop, params.include_stop_str_in_output,
             params.skip_special_tokens)
-        self.stopped = False
+        self.ended = False
 
     def apply(self, out: EngineCoreOutput) -> str | None:
         """Fills out.new_text. When a stop string completes within `out`, cuts its tokens (and
@@ -73,14 +74,15 @@ class RequestText:
             if out.new_logprobs is not None:
                 del out.new_logprobs[kept:]
         out.finished, out.finish_reason, out.stop_reason = True, "stop", stop
-        self.stopped = not engine_finished
-        return stop if self.stopped else None
+        self.ended = not engine_finished
+        return stop if self.ended else None
 
 
 class OutputProcessor:
     """The RequestTexts of an engine's requests, by the client's request id, for a caller that
-    reads the engine's outputs on one thread (the offline engine, tests). Requests it does not
-    know (pooling) pass through untouched."""
+    reads the engine's outputs on one thread: the server's event loop (engine/async_engine.py),
+    the offline engine inline (EngineCore.process_outputs). Requests it does not know (pooling,
+    no tokenizer) pass through untouched."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
@@ -92,6 +94,16 @@ class OutputProcessor:
 
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._texts
+
+    def end(self, request_id: str) -> None:
+        """Its client went away: its outputs are dropped until the engine confirms the end."""
+        text = self._texts.get(request_id)
+        if text is not None:
+            text.ended = True
+
+    def forget(self, request_id: str) -> None:
+        """Drops the request's text: it failed, or its admission was refused."""
+        self._texts.pop(request_id, None)
 
     def process(self, outputs: Iterable[EngineCoreOutput]
                 ) -> tuple[list[EngineCoreOutput], Stops]:
@@ -106,7 +118,7 @@ class OutputProcessor:
                 shown.append(out)
                 continue
             engine_finished = out.finished
-            if text.stopped:  # the engine's end, confirming the stop: nothing for the client
+            if text.ended:  # until the engine's end confirms it: nothing for the client
                 if engine_finished:
                     del texts[out.request_id]
                 continue

@@ -7,10 +7,11 @@ back to the loop in one call_soon_threadsafe. A stream closed before its request
 client cancelled, its deadline passed) aborts the request, which frees its blocks.
 
 The engine thread's outputs carry token ids only. Their text is made here, on the event loop,
-by each stream's RequestText (core/output_processor.py: the incremental detokenizer, held-back
-text, stop strings), so the engine thread never detokenizes. A stop string ends the stream at
-once, cut after the token that completed it; the engine hears of it by a StopRequests command,
-and whatever it sampled for the request meanwhile is dropped here.
+by the same OutputProcessor the offline engine runs inline (core/output_processor.py: the
+incremental detokenizer, held-back text, stop strings), so the engine thread never detokenizes.
+A stop string ends the stream at once, cut after the token that completed it; the engine hears
+of it by a StopRequests command, and whatever it sampled for the request meanwhile is dropped
+by the processor, as are the outputs of a stream whose reader went away.
 
 Streams are kept by the client's request id, the one id of a request. A closed stream keeps its
 id until the engine has confirmed the request's end (its last output), so that an id reused at
@@ -29,7 +30,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from scheduler_svc.core.errors import RequestIdInUseError, RequestRefusedError
-from scheduler_svc.core.output_processor import RequestText, Stops
+from scheduler_svc.core.output_processor import OutputProcessor
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
@@ -86,13 +87,12 @@ class RequestStream:
     """One request's outputs, in order. Iterating merges whatever has queued up since the last
     read into one delta, so a slow reader gets fewer, larger messages rather than a backlog."""
 
-    def __init__(self, engine: AsyncEngine, request_id: str,
-                 text: RequestText | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, request_id: str) -> None:
         self.request_id = request_id  # the client's id
-        self.text = text  # its detokenizer; None: no tokenizer, or an embedding request
         self.arrival = time.monotonic()
         self.first_token_time: float | None = None
         self.finished = False  # the engine sends nothing more: finished, failed or closed
+        self.closed = False  # its reader went away before its last output
         self._exhausted = False  # the reader has seen the last item
         self._engine = engine
         self._queue: asyncio.Queue[EngineCoreOutput | BaseException] = asyncio.Queue()
@@ -116,7 +116,7 @@ class RequestStream:
     def close(self) -> None:
         """Aborts the request unless it already finished; safe to call more than once."""
         if not self.finished:
-            self.finished = True
+            self.finished = self.closed = True
             self._engine._close(self)
 
     def _push(self, item: EngineCoreOutput | BaseException) -> None:
@@ -151,6 +151,9 @@ class AsyncEngine:
         self.dead: BaseException | None = None
         self.on_dead: Callable[[BaseException], None] | None = None  # called on the event loop
         self._streams: dict[str, RequestStream] = {}  # by the client's request id
+        # Their text, on the event loop; None without a tokenizer (outputs pass untouched).
+        tokenizer = self.core.tokenizer
+        self._text = OutputProcessor(tokenizer) if tokenizer is not None else None
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self.core.inbox.wake = self._wake.set  # a command (add, abort, attach...) wakes the loop
@@ -208,11 +211,10 @@ class AsyncEngine:
         if request_id in self._streams:
             raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
                                       "active request")
-        tokenizer = self.core.tokenizer
-        text = (RequestText(tokenizer, prompt_token_ids, params)
-                if tokenizer is not None and pooling is None else None)
-        stream = RequestStream(self, request_id, text)
+        stream = RequestStream(self, request_id)
         self._streams[request_id] = stream
+        if self._text is not None and pooling is None:
+            self._text.add_request(request_id, prompt_token_ids, params)
         self._idle.clear()
         command = AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt,
                              pooling)
@@ -247,8 +249,9 @@ class AsyncEngine:
     def _close(self, stream: RequestStream) -> None:
         """The reader went away: abort the request. The stream keeps its id until the engine's
         last output for it arrives (or its admission is refused)."""
-        command = AbortRequests([stream.request_id])
-        self._send(command)
+        if self._text is not None:
+            self._text.end(stream.request_id)
+        self._send(AbortRequests([stream.request_id]))
 
     def _forget_if_refused(self, admitted: Future, stream: RequestStream) -> None:
         # Cancelled: the engine had not taken the command on yet, and now never admits it.
@@ -259,6 +262,8 @@ class AsyncEngine:
     def _forget(self, stream: RequestStream) -> None:
         if self._streams.get(stream.request_id) is stream:
             del self._streams[stream.request_id]
+            if self._text is not None:
+                self._text.forget(stream.request_id)
         if not self._streams:
             self._idle.set()
 
@@ -337,30 +342,30 @@ class AsyncEngine:
 
 
     def _deliver(self, outputs: list[EngineCoreOutput]) -> None:
-        """One step's outputs: text, then each to its stream. The engine's last output for a
-        request confirms its end (the stream forgets the id then)."""
-        stops: Stops = {}
+        """One step's outputs: text (the output processor), then each to its stream. The
+        engine's last output for a request confirms its end (the stream forgets the id then)."""
+        live = []
         for out in outputs:
-            stream = self._streams.get(out.request_id)
-            if stream is None:
+            if out.request_id not in self._streams:
                 continue
             if out.error is not None:  # the worker refused it: its stream fails, no one else's
                 self._fail([out.request_id], RequestRefusedError(out.error))
                 continue
-            engine_finished = out.finished
-            # Closed: its reader went away (the abort is confirming) or a stop string ended it.
-            if not stream.finished:
-                if stream.text is not None:
-                    stop = stream.text.apply(out)
-                    if stop is not None:
-                        stops[out.request_id] = (out.num_output_tokens, stop)
+            live.append(out)
+        ended = [out for out in live if out.finished]  # the engine's ends, not a stop string's
+        shown, stops = self._text.process(live) if self._text is not None else (live, {})
+        for out in shown:
+            stream = self._streams.get(out.request_id)
+            if stream is not None and not stream.finished:  # else its reader went away
                 stream._push(out)
-                if stream.finished and not engine_finished and self.observer is not None:
-                    self.observer.observe_finished(stream, out)  # a stop string ended it
-            if engine_finished:
+                if stream.finished and self.observer is not None:
+                    self.observer.observe_finished(stream, out)
+        for out in ended:
+            stream = self._streams.get(out.request_id)
+            if stream is not None:
                 self._forget(stream)
-                if self.observer is not None and not (stream.text and stream.text.stopped):
-                    self.observer.observe_finished(stream, out)  # a closed one: "abort"
+                if stream.closed and self.observer is not None:
+                    self.observer.observe_finished(stream, out)  # "abort"
         if stops:
             self._send(StopRequests(stops))
 

@@ -1,29 +1,27 @@
 """The Generation service: a thin layer between protobuf and the async engine.
 
-A request is parsed here (wire.py) and validated once, at admission, by the scheduler that would
-run it (it knows its worker group's limits); a refusal comes back before any step, so a bad
-request never costs a worker call, and wire.admission_error names the client's own field.
+A GenerateRequest is parsed once, into a plain GenerationRequest (generation_request.py), then
+admitted; the scheduler that would run it checks what only it knows (its worker group's limits).
+A refusal comes back before any step, so a bad request never costs a worker call, and
+wire.admission_error names the client's own field.
 Errors leave through status_codes.abort_with, the one place that maps them to status codes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import grpc
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
-from scheduler_svc.config import SchedulerConfig
-from scheduler_svc.core.errors import InvalidRequestError, RequestIdInUseError, WrongTaskError
-from scheduler_svc.core.generation_config import GenerationConfig
+from scheduler_svc.core.errors import InvalidRequestError, RequestIdInUseError
 from scheduler_svc.core.parallel_sampling import child_params, child_request_id
 from scheduler_svc.core.sampling_params import SamplingParams
-from scheduler_svc.engine.async_engine import AsyncEngine, RequestStream
-from scheduler_svc.service import parallel_sampling, wire
+from scheduler_svc.engine.async_engine import RequestStream
+from scheduler_svc.service import generation_request, parallel_sampling, wire
 from scheduler_svc.service.embed import embed
+from scheduler_svc.service.generation_request import GenerationRequest
+from scheduler_svc.service.loaded_model import LoadedModel
 from scheduler_svc.service.status_codes import NotReadyError, abort_with
 
 SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
@@ -32,48 +30,6 @@ _WORKER_STATES = generate_pb2.WorkerState
 _STATES = {"ready": _WORKER_STATES.WORKER_STATE_READY,
            "draining": _WORKER_STATES.WORKER_STATE_DRAINING,
            "failed": _WORKER_STATES.WORKER_STATE_FAILED}
-
-
-@dataclasses.dataclass(slots=True)
-class LoadedModel:
-    """What the service needs once the model is up; fixed for the server's life."""
-
-    engine: AsyncEngine
-    tokenizer: Any
-    config: SchedulerConfig
-    model_name: str
-    vocab_size: int
-    # The engine's limits: the smaller of the scheduler's and the workers'.
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    eos_token_ids: list[int]
-    dtype: str
-    transport: str
-    workers: Callable[[], list[Any]]  # the worker groups now, as server.WorkerView
-    task: str = "generate"  # what the workers serve: "generate" or "embed"
-    pooling_type: str = ""  # on an embedding server
-    hidden_size: int = 0  # an embedding's length without `dimensions`
-    # A text or chat prompt longer than this cannot fit max_model_len tokens (0 = no bound).
-    max_prompt_chars: int = 0
-    # The defaults of a request's unset sampling fields (the model's generation config).
-    generation_config: GenerationConfig = GenerationConfig({}, "none")
-    weights: str = ""  # how the weights are stored and served, for GetModelInfo
-
-
-async def prompt_token_ids(request: Any, m: LoadedModel) -> list[int]:
-    """A text or chat prompt's ids, for a front that builds its own GenerateRequest: refused
-    when too long to fit, tokenized off the event loop when long."""
-    wire.check_prompt_chars(request, m.max_prompt_chars, m.max_model_len)
-    return (await tokenized(request, m.tokenizer))[1]
-
-
-async def tokenized(request: Any, tokenizer: Any, add_special_tokens: bool | None = None
-                    ) -> tuple[str, list[int]]:
-    if wire.prompt_chars(request) <= wire.OFF_LOOP_CHARS:
-        return wire.tokenize(request, tokenizer, add_special_tokens)
-    return await asyncio.get_running_loop().run_in_executor(
-        None, wire.tokenize, request, tokenizer, add_special_tokens)
 
 
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
@@ -92,33 +48,27 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             raise NotReadyError("the model is still loading: retry once health is SERVING")
         return self.model
 
-    async def Generate(self, request: generate_pb2.GenerateRequest,
+    async def Generate(self, msg: generate_pb2.GenerateRequest,
                        context: grpc.aio.ServicerContext
                        ) -> AsyncIterator[generate_pb2.GenerateResponse]:
         try:
-            request_id, ids, streams = await self._admit(request)
-            options = wire.stream_options(request.sampling)
+            request = await generation_request.parse(msg, self._loaded())
+            streams = await self.admit(request)
         except Exception as e:
             await abort_with(context, e)
         try:
-            echo = options.echo
-            async for msg in parallel_sampling.responses(request_id, streams,
-                                                         options.continuous_usage):
+            echo = request.echo
+            async for out in parallel_sampling.responses(request.request_id, streams,
+                                                         request.continuous_usage):
                 if echo:
-                    wire.add_echo(msg, ids, self._loaded().tokenizer)
+                    wire.add_echo(out, request.prompt_as_run, self._loaded().tokenizer)
                     echo = False
-                yield msg
+                yield out
         except Exception as e:  # the engine died mid-stream: a status, never text in a message
             await abort_with(context, e)
         finally:
             # A cancelled call or a passed deadline lands here: abort all n, free their blocks.
-            self.release(request_id, streams)
-
-    async def admit(self, request: generate_pb2.GenerateRequest
-                    ) -> tuple[str, list[int], list[RequestStream]]:
-        """Generate's admission, for the HTTP front: the same parsing and checks; the caller
-        reads the streams and must release() them."""
-        return await self._admit(request)
+            self.release(request.request_id, streams)
 
     def release(self, request_id: str, streams: list[RequestStream]) -> None:
         """Aborts what still runs of an admitted request (all n sequences)."""
@@ -127,26 +77,11 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         if len(streams) > 1:
             self._sequences.pop(request_id, None)
 
-    async def _admit(self, request: generate_pb2.GenerateRequest
-                     ) -> tuple[str, list[int], list[RequestStream]]:
-        """The client's request id, the prompt as run and one stream per sequence (n of them)."""
+    async def admit(self, request: GenerationRequest) -> list[RequestStream]:
+        """One stream per sequence (n of them), for either front; the caller reads them and
+        must release() them."""
         m = self._loaded()
-        if m.task != "generate":
-            if request.HasField("sampling"):  # a generation field: name it
-                raise InvalidRequestError("sampling", f"this server runs a {m.task!r} model, "
-                                                      "which samples nothing; use Embed")
-            raise WrongTaskError(f"Generate: this server runs a {m.task!r} model; use Embed")
-        request_id = wire.request_id(request)
-        params = wire.sampling_params(request.sampling, m.generation_config)
-        parallel_sampling.check_n(params.n, m.config.max_n)
-        wire.check_priority(request.priority, m.config.policy)
-        wire.check_prompt_chars(request, m.max_prompt_chars, m.max_model_len)
-        field, ids = await tokenized(request, m.tokenizer)
-        if params.constraint is not None:
-            # Neither the event loop nor the engine thread waits for a large schema to compile.
-            await asyncio.get_running_loop().run_in_executor(
-                None, wire.compile_constraint, params, m.tokenizer, m.vocab_size)
-        run = wire.prompt_as_run(ids, params)
+        request_id, params = request.request_id, request.params
         # NOTE: the engine knows a request of n sequences by its children's ids ("x#0"...), so
         # the client's id is checked against both kinds here, with no await between the check
         # and the engine's (n = 1) or this map's (n > 1) taking of it.
@@ -154,30 +89,29 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
                                       "active request")
         if params.n == 1:
-            return request_id, run, [await self._add(m, request_id, ids, params, request, field)]
+            return [await self._add(m, request_id, params, request)]
         children = [child_request_id(request_id, i) for i in range(params.n)]
         self._sequences[request_id] = children
         streams: list[RequestStream] = []
         try:
             for i, child in enumerate(children):
-                streams.append(await self._add(m, child, ids, child_params(params, i), request,
-                                               field))
+                streams.append(await self._add(m, child, child_params(params, i), request))
         except BaseException:
             del self._sequences[request_id]
             for stream in streams:
                 stream.close()
             raise
-        return request_id, run, streams
+        return streams
 
     @staticmethod
-    async def _add(m: LoadedModel, request_id: str, ids: list[int], params: SamplingParams,
-                   request: generate_pb2.GenerateRequest, field: str) -> RequestStream:
+    async def _add(m: LoadedModel, request_id: str, params: SamplingParams,
+                   request: GenerationRequest) -> RequestStream:
         try:
-            return await m.engine.add_request(request_id, ids, params,
+            return await m.engine.add_request(request_id, request.prompt_ids, params,
                                               priority=request.priority,
-                                              cache_salt=request.cache_salt or None)
+                                              cache_salt=request.cache_salt)
         except InvalidRequestError as e:
-            raise wire.admission_error(e, field) from None
+            raise wire.admission_error(e, request.prompt_field) from None
 
     async def Embed(self, request: generate_pb2.EmbedRequest,
                     context: grpc.aio.ServicerContext) -> generate_pb2.EmbedResponse:
@@ -266,7 +200,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         try:
             m = self._loaded()
             add = request.add_special_tokens if request.HasField("add_special_tokens") else None
-            _, ids = await tokenized(request, m.tokenizer, add)
+            _, ids = await generation_request.tokenized(request, m.tokenizer, add)
         except Exception as e:
             await abort_with(context, e)
         return generate_pb2.TokenizeResponse(token_ids=ids)

@@ -14,17 +14,11 @@ from typing import TypeVar
 
 from batchwire.v1 import generate_pb2
 
-from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.engine.async_engine import RequestStream
 from scheduler_svc.service import wire
 
 T = TypeVar("T")
-
-
-def check_n(n: int, max_n: int) -> None:
-    if n > max_n:
-        raise InvalidRequestError("sampling.n", f"{n} is above the server's max_n ({max_n})")
 
 
 async def responses(request_id: str, streams: Sequence[RequestStream],

@@ -41,11 +41,8 @@ from scheduler_svc.core.tokenizer import load_tokenizer
 from scheduler_svc.engine.async_engine import AsyncEngine
 from scheduler_svc.engine.replicas import Replica, ReplicatedEngine
 from scheduler_svc.executors.base import Executor
-from scheduler_svc.service.generation_servicer import (
-    SERVICE_NAME,
-    GenerationServicer,
-    LoadedModel,
-)
+from scheduler_svc.service.generation_servicer import SERVICE_NAME, GenerationServicer
+from scheduler_svc.service.loaded_model import LoadedModel
 from scheduler_svc.service.metrics import SchedulerMetrics, serve_metrics
 from scheduler_svc.service.registry import SERVICE_NAME as REGISTRY_SERVICE_NAME
 from scheduler_svc.service.registry import WorkerRegistryServicer, add_registry_to_server

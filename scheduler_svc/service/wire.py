@@ -6,7 +6,6 @@ Every InvalidRequestError raised here names the field as the client spelled it o
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from typing import Any
 
@@ -63,24 +62,6 @@ def sampling_params(msg: generate_pb2.SamplingParams,
         return SamplingParams(**kwargs)
     except InvalidRequestError as e:
         raise InvalidRequestError(f"sampling.{e.field}", e.message) from None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class StreamOptions:
-    """What the client asked of the stream itself; the engine never sees these."""
-
-    echo: bool = False  # the first message carries the prompt as run
-    continuous_usage: bool = False  # every message carries the usage so far
-
-
-def stream_options(msg: generate_pb2.SamplingParams) -> StreamOptions:
-    return StreamOptions(echo=msg.echo, continuous_usage=msg.continuous_usage)
-
-
-def prompt_as_run(ids: list[int], params: SamplingParams) -> list[int]:
-    """The prompt the scheduler will run: its last truncate_prompt_tokens tokens when set."""
-    k = params.truncate_prompt_tokens
-    return ids[-k:] if k is not None else ids
 
 
 def add_echo(msg: generate_pb2.GenerateResponse, ids: list[int], tokenizer: Any) -> None:

@@ -11,7 +11,9 @@ from batchwire.v1 import generate_pb2
 
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.engine.async_engine import AsyncEngine
-from scheduler_svc.service.generation_servicer import GenerationServicer, LoadedModel
+from scheduler_svc.service.generation_request import parse
+from scheduler_svc.service.generation_servicer import GenerationServicer
+from scheduler_svc.service.loaded_model import LoadedModel
 from scheduler_svc.service.status_codes import status_for
 from tests.client_api.test_async_engine import SlowWorker, run
 from tests.scheduler.conftest import make_fake_engine
@@ -75,12 +77,12 @@ def test_a_priority_without_the_priority_policy_is_refused_naming_the_field():
         servicer, engine = _servicer("fcfs")
         engine.start()
         with pytest.raises(InvalidRequestError) as e:
-            await servicer._admit(_request("p", 4, priority=2))
+            await parse(_request("p", 4, priority=2), servicer._loaded())
         assert status_for(e.value)[0] == grpc.StatusCode.INVALID_ARGUMENT
         assert str(e.value).startswith("priority: 2") and "--policy priority" in str(e.value)
         assert engine.stats.num_steps == 0, "no worker call for a refused request"
         # Priority 0 (the default) is every request's under FCFS.
-        _, _, streams = await servicer._admit(_request("q", 2))
+        streams = await servicer.admit(await parse(_request("q", 2), servicer._loaded()))
         assert [out.finish_reason async for out in streams[0]][-1] == "length"
         engine.shutdown()
 

@@ -9,7 +9,8 @@ from batchwire.v1 import generate_pb2
 
 from scheduler_svc import SamplingParams
 from scheduler_svc.engine.async_engine import AsyncEngine
-from scheduler_svc.service.generation_servicer import GenerationServicer, LoadedModel
+from scheduler_svc.service.generation_servicer import GenerationServicer
+from scheduler_svc.service.loaded_model import LoadedModel
 from scheduler_svc.service.metrics import SchedulerMetrics
 from tests.scheduler.conftest import make_fake_engine
 from tests.scheduler.fake_worker import copy_next_token

@@ -51,3 +51,20 @@ def test_a_token_rule_on_the_same_token_keeps_its_reason_and_the_text_is_cut():
     assert (shown[0].new_text, shown[0].finish_reason, shown[0].stop_reason) == (
         "bxSTOP", "length", None)
     assert not stops and "r" not in p
+
+
+def test_a_request_whose_client_went_away_shows_nothing_until_the_engine_confirms_its_end():
+    p = _processor()
+    p.process([_out([AB], 1)])
+    p.end("r")  # the server's stream closed: the abort is on its way to the engine
+    assert p.process([_out([XS, TOPY], 3)]) == ([], {})  # no text made, no stop reported
+    assert "r" in p, "the id is kept until the engine's own end"
+    assert p.process([_out([], 3, finished=True, reason="abort")]) == ([], {})
+    assert "r" not in p
+
+
+def test_a_forgotten_request_passes_through_untouched():
+    p = _processor()
+    p.forget("r")  # its admission was refused, or it failed
+    out = _out([XS, TOPY], 2)
+    assert p.process([out]) == ([out], {}) and out.new_text == "" and not out.finished

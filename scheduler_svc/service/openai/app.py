@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.engine.replicas import NO_WORKER
 from scheduler_svc.service import wire
-from scheduler_svc.service.generation_servicer import tokenized
+from scheduler_svc.service.generation_request import tokenized
 from scheduler_svc.service.openai import chat, completions, embeddings, errors, responses
 from scheduler_svc.service.openai.body import BoundedRoute
 from scheduler_svc.service.openai.chat import template_messages

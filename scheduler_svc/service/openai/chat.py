@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from scheduler_svc.core.errors import InvalidRequestError
-from scheduler_svc.service.generation_servicer import prompt_token_ids
+from scheduler_svc.service.generation_request import prompt_token_ids
 from scheduler_svc.service.openai.context import Admitted, FrontContext
 from scheduler_svc.service.openai.logprobs import TokenText, chat_logprobs
 from scheduler_svc.service.openai.protocol import ChatCompletionRequest, ChatMessage
@@ -88,9 +88,8 @@ async def create(body: ChatCompletionRequest, request: Request, ctx: FrontContex
     if tools is not None:
         put(sampling, "json_schema", json.dumps(tools.schema), "tools")
     base = f"chatcmpl-{uuid.uuid4().hex}"
-    gen = generate_pb2.GenerateRequest(request_id=base, token_ids=ids, sampling=sampling,
-                                       priority=body.priority, cache_salt=body.cache_salt or "")
-    admitted = await ctx.admit(gen, _names(body, tools))
+    admitted = await ctx.admit(base, ids, sampling, _names(body, tools), body.priority,
+                               body.cache_salt)
     state = _Reply(TokenText(m.tokenizer), logprobs, tools)
     head = {"id": base, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model}

@@ -18,7 +18,8 @@ from batchwire.v1 import generate_pb2
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from scheduler_svc.service.generation_servicer import LoadedModel, prompt_token_ids
+from scheduler_svc.service.generation_request import prompt_token_ids
+from scheduler_svc.service.loaded_model import LoadedModel
 from scheduler_svc.service.openai.context import Admitted, FrontContext
 from scheduler_svc.service.openai.errors import OpenAIError
 from scheduler_svc.service.openai.logprobs import CompletionLogprobs, TokenText
@@ -87,11 +88,9 @@ async def create(body: CompletionRequest, request: Request, ctx: FrontContext) -
     sampling = sampling_message(body, max_tokens, body.logprobs, prompt_logprobs)
     given = await prompts(body.prompt, m)
     base = f"cmpl-{uuid.uuid4().hex}"
-    requests = [generate_pb2.GenerateRequest(
-        request_id=base if len(given) == 1 else f"{base}-{i}", token_ids=ids, sampling=sampling,
-        priority=body.priority, cache_salt=body.cache_salt or "") for i, (_, ids) in
-        enumerate(given)]
-    admitted = await ctx.admit_all(requests, NAMES)
+    request_ids = [base] if len(given) == 1 else [f"{base}-{i}" for i in range(len(given))]
+    admitted = await ctx.admit_all(request_ids, [ids for _, ids in given], sampling, NAMES,
+                                   body.priority, body.cache_salt)
     text_of = TokenText(m.tokenizer)
 
     def choice(i: int, j: int) -> Choice:

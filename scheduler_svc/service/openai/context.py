@@ -13,7 +13,9 @@ from grpc_health.v1 import health_pb2
 
 from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.engine.async_engine import RequestStream
-from scheduler_svc.service.generation_servicer import GenerationServicer, LoadedModel
+from scheduler_svc.service import generation_request
+from scheduler_svc.service.generation_servicer import GenerationServicer
+from scheduler_svc.service.loaded_model import LoadedModel
 from scheduler_svc.service.openai.body import MIN_MAX_REQUEST_BYTES, default_max_request_bytes
 from scheduler_svc.service.openai.errors import OpenAIError, renamed
 from scheduler_svc.service.security import ApiKeys
@@ -69,22 +71,28 @@ class FrontContext:
         reply = await self.health.Check(request, None)  # "" is always known: no abort
         return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
-    async def admit(self, request: generate_pb2.GenerateRequest, names: dict[str, str]
-                    ) -> Admitted:
-        """The Generate admission path; a refused field comes back under its HTTP name."""
+    async def admit(self, request_id: str, prompt_ids: list[int],
+                    sampling: generate_pb2.SamplingParams, names: dict[str, str],
+                    priority: int = 0, cache_salt: str | None = None) -> Admitted:
+        """A tokenized prompt as Generate's GenerationRequest, admitted on Generate's path; a
+        refused field comes back under its HTTP name."""
         try:
-            request_id, ids, streams = await self.servicer.admit(request)
+            request = await generation_request.for_http(request_id, prompt_ids, sampling,
+                                                        self.model(), priority, cache_salt)
+            streams = await self.servicer.admit(request)
         except InvalidRequestError as e:
             raise renamed(e, names) from None
-        return Admitted(request_id, ids, streams, self.servicer)
+        return Admitted(request_id, request.prompt_as_run, streams, self.servicer)
 
-    async def admit_all(self, requests: list[generate_pb2.GenerateRequest],
-                        names: dict[str, str]) -> list[Admitted]:
+    async def admit_all(self, request_ids: list[str], prompts: list[list[int]],
+                        sampling: generate_pb2.SamplingParams, names: dict[str, str],
+                        priority: int = 0, cache_salt: str | None = None) -> list[Admitted]:
         """Several prompts, all or none: a refusal releases the ones already admitted."""
         admitted: list[Admitted] = []
         try:
-            for request in requests:
-                admitted.append(await self.admit(request, names))
+            for request_id, ids in zip(request_ids, prompts, strict=True):
+                admitted.append(await self.admit(request_id, ids, sampling, names, priority,
+                                                 cache_salt))
                 await asyncio.sleep(0)  # a batch's admissions leave the loop to other clients
         except BaseException:
             for a in admitted:
