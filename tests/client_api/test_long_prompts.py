@@ -69,13 +69,21 @@ def test_tokenizing_a_long_text_does_not_hold_up_other_streams(server):
 def test_the_http_front_refuses_a_text_too_long_to_fit_at_once(server):
     client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
     model = client.models.list().data[0].id
+    # Half a megabyte: under the body cap (at least 1 MiB), far over what 256 tokens can hold.
+    text = "word " * 100_000
     for call in (
-        lambda: client.completions.create(model=model, prompt="word " * 2_000_000, max_tokens=2),
+        lambda: client.completions.create(model=model, prompt=text, max_tokens=2),
         lambda: client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "word " * 2_000_000}]),
+            model=model, messages=[{"role": "user", "content": text}]),
     ):
         t0 = time.perf_counter()
         with pytest.raises(openai.BadRequestError) as e:
             call()
         assert time.perf_counter() - t0 < 5
-        assert "10000000 characters cannot fit max_model_len" in str(e.value)
+        assert "500000 characters cannot fit max_model_len" in str(e.value)
+    # Ten megabytes is larger than any prompt that could fit: refused while the body arrives.
+    t0 = time.perf_counter()
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(model=model, prompt="word " * 2_000_000, max_tokens=2)
+    assert e.value.status_code == 413
+    assert time.perf_counter() - t0 < 5
