@@ -1,9 +1,12 @@
 """Generation.Embed on real `batchwire serve --task embed` processes, float32: vectors equal
-transformers' final hidden states, mean-pooled by a server of the default model and last-pooled by
-one of the tiny Llama (a second default model would double the load time and show nothing more:
-tests/worker/test_pooler.py last-pools the default model), normalised, for a text chunked across
-steps and a batch of mixed lengths; each bad input gets its status, naming the field, and the
-server serves the next request."""
+transformers' final hidden states, mean-pooled by one server and last-pooled by another (the
+pooling type is the server's), normalised, for a text chunked across steps and a batch of mixed
+lengths; each bad input gets its status, naming the field, and the server serves the next request.
+
+Both serve the tiny Llama: what a server adds to the worker's pooling (tokenizing, chunking inputs
+across steps, batching, usage, the OpenAI route) does not depend on the weights, and the default
+model's vectors, mean- and last-pooled, are compared with transformers' once, in the worker
+(tests/worker/test_pooler.py::test_default_model_matches_transformers)."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ EMBED_ARGS = ("--task", "embed", "--max-model-len", "1024", "--max-num-batched-t
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly box "
          "frogs near an old river bank").split()
 MIN_COSINE = 0.9999
+SIZE = 64  # the tiny Llama's hidden size (tests/conftest.py)
 
 
 def text_of(n_words: int, offset: int = 0) -> str:
@@ -31,13 +35,11 @@ def text_of(n_words: int, offset: int = 0) -> str:
 
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory, tiny_llama_with_tokenizer):
-    """A mean-pooling server of the default model and a last-pooling one of the tiny Llama,
-    loading side by side."""
+    """A mean-pooling and a last-pooling server of the tiny Llama, loading side by side."""
     started = {
-        "mean": ServerProcess(tmp_path_factory.mktemp("embed-mean"), *EMBED_ARGS,
-                              "--pooling-type", "mean"),
-        "last": ServerProcess(tmp_path_factory.mktemp("embed-last"), *EMBED_ARGS,
-                              "--pooling-type", "last", "--model", tiny_llama_with_tokenizer),
+        pooling: ServerProcess(tmp_path_factory.mktemp(f"embed-{pooling}"), *EMBED_ARGS,
+                               "--pooling-type", pooling, "--model", tiny_llama_with_tokenizer)
+        for pooling in ("mean", "last")
     }
     try:
         for server in started.values():
@@ -49,19 +51,19 @@ def servers(tmp_path_factory, tiny_llama_with_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def hf_base(hf_default_model):
-    return hf_default_model.model  # the decoder without the LM head: final (normed) states
+def hf_base(tiny_llama_with_tokenizer):
+    """transformers' decoder of the tiny Llama without the LM head: final (normed) states."""
+    from transformers import AutoModelForCausalLM
+
+    tiny = AutoModelForCausalLM.from_pretrained(tiny_llama_with_tokenizer, dtype=torch.float32)
+    return tiny.eval().model
 
 
 @pytest.fixture(scope="module")
-def models(hf_base, default_tokenizer, tiny_llama_with_tokenizer):
-    """Per pooling type: the served model's transformers decoder, tokenizer and vector size."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def tokenizer(tiny_llama_with_tokenizer):
+    from transformers import AutoTokenizer
 
-    tiny = AutoModelForCausalLM.from_pretrained(tiny_llama_with_tokenizer, dtype=torch.float32)
-    return {"mean": (hf_base, default_tokenizer, 576),
-            "last": (tiny.eval().model, AutoTokenizer.from_pretrained(tiny_llama_with_tokenizer),
-                     64)}
+    return AutoTokenizer.from_pretrained(tiny_llama_with_tokenizer)
 
 
 def reference(hf_base, ids: list[int], pooling: str) -> torch.Tensor:
@@ -86,9 +88,9 @@ def assert_close(response, hf_base, batch: list[list[int]], pooling: str, size: 
 
 
 @pytest.mark.parametrize("pooling", ["mean", "last"])
-def test_embed_matches_transformers_with_a_chunked_text(servers, models, pooling):
+def test_embed_matches_transformers_with_a_chunked_text(servers, hf_base, tokenizer, pooling):
     server = servers[pooling]
-    hf_base, tokenizer, size = models[pooling]
+    size = SIZE
     info = server.stub.GetModelInfo(generate_pb2.GetModelInfoRequest(), timeout=10)
     assert (info.task, info.pooling_type, info.embedding_size) == ("embed", pooling, size)
     texts = ["The capital of France is Paris.", text_of(90), "def fibonacci(n):"]
@@ -99,20 +101,21 @@ def test_embed_matches_transformers_with_a_chunked_text(servers, models, pooling
     assert response.usage.prompt_tokens == sum(len(ids) for ids in batch)
     # The same inputs as token ids, truncated and not normalised.
     raw = embed(server, token_ids=[generate_pb2.EmbedTokenIds(ids=ids) for ids in batch],
-                dimensions=64, normalize=False)
+                dimensions=SIZE // 2, normalize=False)
     for full, short in zip(response.embeddings, raw.embeddings, strict=True):
         short_values = torch.tensor(list(short.values))
-        assert short_values.shape == (64,)
-        assert float(F.cosine_similarity(short_values, torch.tensor(full.values[:64]), dim=0)
-                     ) >= MIN_COSINE
+        assert short_values.shape == (SIZE // 2,)
+        assert abs(float(short_values.norm()) - 1) > 1e-3  # not normalised
+        assert float(F.cosine_similarity(short_values, torch.tensor(full.values[:SIZE // 2]),
+                                         dim=0)) >= MIN_COSINE
     assert server.wait_idle().kv_blocks_used == 0  # every request's blocks freed once pooled
 
 
-def test_a_batch_of_mixed_lengths(servers, hf_base, default_tokenizer):
+def test_a_batch_of_mixed_lengths(servers, hf_base, tokenizer):
     # 24 inputs of 3 to 52 words through a 64-token step budget: chunked and batched together
     # (64 inputs took ~110 s of the suite and showed nothing more).
     texts = [text_of(3 + (37 * i) % 50, offset=i) for i in range(24)]
-    batch = [default_tokenizer(t).input_ids for t in texts]
+    batch = [tokenizer(t).input_ids for t in texts]
     response = embed(servers["mean"], texts=texts)
     # The reference in one right-padded batch: a causal model's real tokens never see the pads.
     longest = max(len(ids) for ids in batch)
@@ -133,19 +136,19 @@ BAD = [
      "token_ids[0]"),
     (dict(token_ids=[generate_pb2.EmbedTokenIds(ids=[5] * 1024)]),
      grpc.StatusCode.INVALID_ARGUMENT, "token_ids[0]"),
-    (dict(texts=["x"], dimensions=65), grpc.StatusCode.INVALID_ARGUMENT, "dimensions"),
+    (dict(texts=["x"], dimensions=SIZE + 1), grpc.StatusCode.INVALID_ARGUMENT, "dimensions"),
 ]
 
 
 @pytest.mark.parametrize(("fields", "code", "field"), BAD)
 def test_bad_embed_input_gets_a_status_and_the_next_request_is_served(servers, fields, code,
                                                                       field):
-    server = servers["last"]  # the tiny Llama's: vectors of 64
+    server = servers["last"]
     with pytest.raises(grpc.RpcError) as info:
         embed(server, **fields)
     assert info.value.code() == code
     assert info.value.details().startswith(field), info.value.details()
-    assert len(embed(server, texts=["next"]).embeddings[0].values) == 64
+    assert len(embed(server, texts=["next"]).embeddings[0].values) == SIZE
 
 
 @pytest.mark.parametrize(("sampling", "code", "field"), [
@@ -162,7 +165,7 @@ def test_generate_on_an_embedding_server_is_refused(servers, sampling, code, fie
     assert len(embed(server, texts=["next"]).embeddings) == 1
 
 
-def test_the_openai_sdk_embeds_the_same_vectors(servers, default_tokenizer):
+def test_the_openai_sdk_embeds_the_same_vectors(servers, tokenizer):
     """/v1/embeddings through the official SDK: the vectors Embed returns, as base64 (what the
     SDK asks for by default) and as floats; the generation routes refuse."""
     import numpy as np
@@ -172,19 +175,20 @@ def test_the_openai_sdk_embeds_the_same_vectors(servers, default_tokenizer):
     texts = ["The capital of France is Paris.", "def fibonacci(n):"]
     expected = embed(server, texts=texts)
     client = openai.OpenAI(base_url=server.base_url, api_key="-", max_retries=0)
-    reply = client.embeddings.create(model="SmolLM2-135M-Instruct", input=texts)
+    model = server.stub.GetModelInfo(generate_pb2.GetModelInfoRequest(), timeout=10).model_name
+    reply = client.embeddings.create(model=model, input=texts)
     assert [d.index for d in reply.data] == [0, 1]
     for got, want in zip(reply.data, expected.embeddings, strict=True):
         assert np.allclose(got.embedding, want.values, atol=1e-6)
     assert reply.usage.prompt_tokens == expected.usage.prompt_tokens
-    ids = default_tokenizer(texts[0]).input_ids
-    short = client.embeddings.create(model="SmolLM2-135M-Instruct", input=[ids], dimensions=8,
+    ids = tokenizer(texts[0]).input_ids
+    short = client.embeddings.create(model=model, input=[ids], dimensions=8,
                                      encoding_format="float")  # the SDK's default is base64
     assert len(short.data[0].embedding) == 8
     with pytest.raises(openai.BadRequestError) as e:
-        client.embeddings.create(model="SmolLM2-135M-Instruct", input=[])
+        client.embeddings.create(model=model, input=[])
     assert e.value.body["param"] == "input"
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=2)
+        client.completions.create(model=model, prompt="Hi", max_tokens=2)
     assert "use /v1/embeddings here" in e.value.body["message"]  # HTTP's words, not Embed's
     assert e.value.body["code"] == "wrong_task"

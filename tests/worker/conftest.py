@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 from batchwire.common.worker_config import WorkerConfig
 
 from worker_svc.runner.worker import Worker
@@ -22,16 +21,17 @@ TINY = dict(
     tie_word_embeddings=False,
 )
 
-CONFIG_CLASSES = {
-    "llama": transformers.LlamaConfig,
-    "qwen2": transformers.Qwen2Config,
-    "qwen3": transformers.Qwen3Config,
-}
+# transformers' config classes by name, imported only when a checkpoint is written: the rank
+# processes the TP and PP tests spawn import this file (through their test module) and would
+# otherwise each spend seconds importing transformers, which they never use.
+CONFIG_CLASSES = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
 
 
 def save_tiny_checkpoint(directory, architecture: str, **overrides) -> str:
+    import transformers
+
     torch.manual_seed(0)
-    config = CONFIG_CLASSES[architecture](**{**TINY, **overrides})
+    config = getattr(transformers, CONFIG_CLASSES[architecture])(**{**TINY, **overrides})
     if architecture == "qwen3":
         config.head_dim = 16
     model = transformers.AutoModelForCausalLM.from_config(config).eval()

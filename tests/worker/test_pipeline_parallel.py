@@ -96,7 +96,6 @@ def run_rank(model, rank, pp, tp, init_method, results):
     from batchwire.common.worker_config import WorkerConfig
 
     from worker_svc.runner.worker import Worker
-    from worker_svc.server.servicer import WorkerCallError, WorkerServicer
 
     torch.set_num_threads(1)  # up to four ranks share the machine's cores
     config = WorkerConfig(
@@ -104,7 +103,17 @@ def run_rank(model, rank, pp, tp, init_method, results):
         max_model_len=256, max_num_batched_tokens=256, tensor_parallel_size=tp,
         pipeline_parallel_size=pp, rank=rank, distributed_init_method=init_method,
     )  # fmt: skip
-    worker = Worker(config)
+    results.put((rank, drive_rank(Worker(config), rank)))
+
+
+def drive_rank(worker, rank: int) -> dict:
+    """Every step through this rank's servicer, the output rank's replies applied; what the
+    rank saw."""
+    import torch
+
+    from worker_svc.server.servicer import WorkerCallError, WorkerServicer
+
+    config = worker.config
     servicer = WorkerServicer(worker, is_output_rank=rank == config.output_rank)
     empty: list[str] = []
     member = GroupMember(servicer, config.output_rank, empty)
@@ -127,11 +136,23 @@ def run_rank(model, rank, pp, tp, init_method, results):
         second_sample = e.code.name
     kv_layers = [a.layer_idx for a in worker.model.attention_layers() if a.k_cache is not None]
     info = worker.get_info()
-    results.put((rank, dict(
+    return dict(
         tokens=out, num_blocks=worker.num_blocks, kv_layers=kv_layers, empty=sorted(set(empty)),
         second_sample=second_sample,
         info=(info.pipeline_parallel_size, info.pp_rank, info.tp_rank, info.output_rank),
-    )))  # fmt: skip
+    )  # fmt: skip
+
+
+def single_rank(model: str, worker=None) -> dict:
+    """PP=1 x TP=1 in this process (no group to join, so no process of its own), on the ranks'
+    settings, or on `worker` (the session's default-model worker, not a second load of it)."""
+    if worker is None:
+        from tests.worker.conftest import tiny_worker
+
+        worker = tiny_worker(model, kv_cache_memory_bytes=16 << 20, max_num_reqs=8,
+                             max_model_len=256, max_num_batched_tokens=256)
+    worker.reset()
+    return drive_rank(worker, 0)
 
 
 def generate(model: str | None, pp: int, tp: int) -> list[dict]:
@@ -158,9 +179,13 @@ def three_layer_llama(tmp_path_factory) -> str:
 
 
 @pytest.mark.parametrize(("which", "pp", "tp"), [("tiny", 2, 1), ("tiny", 2, 2), ("default", 2, 1)])
-def test_pp_matches_pp1(tiny_checkpoints, which, pp, tp):
-    model = tiny_checkpoints["llama"] if which == "tiny" else None
-    (single,) = generate(model, 1, 1)
+def test_pp_matches_pp1(request, tiny_checkpoints, which, pp, tp):
+    if which == "tiny":
+        model = tiny_checkpoints["llama"]
+        single = single_rank(model)
+    else:
+        model = None
+        single = single_rank(model, request.getfixturevalue("default_worker"))
     ranks = generate(model, pp, tp)
     output_rank = (pp - 1) * tp
     for rank, got in enumerate(ranks):
@@ -179,7 +204,7 @@ def test_pp_matches_pp1(tiny_checkpoints, which, pp, tp):
 
 
 def test_uneven_stages_cache_their_own_layers(three_layer_llama):
-    (single,) = generate(three_layer_llama, 1, 1)
+    single = single_rank(three_layer_llama)
     first, last = generate(three_layer_llama, 2, 1)
     assert (single["kv_layers"], first["kv_layers"], last["kv_layers"]) == ([0, 1, 2], [0, 1], [2])
     # The same 16 MiB spent on 3, 2 and 1 layers' K and V: a block of one layer is K and V of

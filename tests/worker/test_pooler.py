@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2 as pb
 
 from tests.worker.conftest import tiny_worker
@@ -155,18 +154,12 @@ def test_servicer_answers_a_pooling_step_at_once(tiny_embedder):
     worker.runner.reset()
 
 
-@pytest.fixture(scope="module")
-def default_embedder():
-    return Worker(WorkerConfig(
-        dtype="float32", task="embed", pooling_type="mean", kv_cache_memory_bytes=64 << 20,
-        max_num_reqs=8, max_model_len=512, max_num_batched_tokens=512,
-    ))  # fmt: skip
-
-
 @pytest.mark.parametrize("pooling_type", ["mean", "last"])
 def test_default_model_matches_transformers(
-    default_embedder, hf_default_model, default_tokenizer, pooling_type
+    default_worker, hf_default_model, default_tokenizer, pooling_type
 ):
+    """On the session's default-model worker (the weights do not depend on the task): a pooling
+    runner of its own over them, so the suite loads the default model once, not twice."""
     texts = [
         "The capital of France is Paris.",
         "def add(a, b):\n    return a + b",
@@ -174,7 +167,7 @@ def test_default_model_matches_transformers(
     ]
     inputs = {f"t{i}": default_tokenizer(t)["input_ids"] for i, t in enumerate(texts)}
     assert len(inputs["t2"]) > 64
-    vectors = embed_all(runner_for(default_embedder, pooling_type), inputs, chunk=32)
+    vectors = embed_all(runner_for(default_worker, pooling_type), inputs, chunk=32)
     for req_id, tokens in inputs.items():
         expected = reference(hf_default_model.model, tokens, pooling_type)
         assert vectors[req_id].shape == (576,)
