@@ -23,13 +23,16 @@ def _params(max_tokens: int) -> SamplingParams:
 
 
 class HeldWorker:
-    """The fake worker; a step is held (its thread blocked) while `hold` is set, and the step that
-    prefills LONG_PROMPT is held until `release_long` is set."""
+    """The fake worker. The first step after `hold_after` requests have been prefilled is held
+    (its thread blocked) until `release` is set, and the step that prefills LONG_PROMPT until
+    `release_long` is: the worker, not the threads' timing, decides where each request stands
+    when the test cuts its calls."""
 
-    def __init__(self, worker) -> None:
+    def __init__(self, worker, hold_after: int) -> None:
         self.worker = worker
-        self.hold = threading.Event()
-        self.held = threading.Event()  # a held step has begun
+        self.hold_after: int | None = hold_after
+        self.prefilled = 0
+        self.held = threading.Event()  # the held step has begun
         self.release = threading.Event()
         self.long_started = threading.Event()
         self.release_long = threading.Event()
@@ -38,9 +41,11 @@ class HeldWorker:
         if any(len(r.prompt_token_ids) == len(LONG_PROMPT) for r in so.scheduled_new_reqs):
             self.long_started.set()
             assert self.release_long.wait(30)
-        elif self.hold.is_set():
+        elif self.hold_after is not None and self.prefilled >= self.hold_after:
+            self.hold_after = None  # once
             self.held.set()
             assert self.release.wait(30)
+        self.prefilled += len(so.scheduled_new_reqs)
         return self.worker.execute_model(so)
 
     def __getattr__(self, name):
@@ -77,7 +82,7 @@ def test_cancels_and_deadlines_during_a_long_prefill_end_only_their_requests():
     core, fake = make_fake_engine(num_blocks=512, block_size=4, vocab_size=VOCAB,
                                   max_num_seqs=7, max_model_len=512,
                                   max_num_batched_tokens=1024)
-    worker = HeldWorker(fake)
+    worker = HeldWorker(fake, hold_after=6)  # the four undisturbed and the two running
     core.executor.worker = worker
     engine = AsyncEngine(core)
 
@@ -93,11 +98,9 @@ def test_cancels_and_deadlines_during_a_long_prefill_end_only_their_requests():
             first = await stream.__anext__()
             assert first.new_token_ids
 
-        # Held: the long request and four more arrive together, so the long one takes the last
-        # of the 7 slots and the four queue behind it.
-        worker.hold.set()
-        await asyncio.to_thread(worker.held.wait, 30)
-        worker.hold.clear()
+        # Held once all six have their first token: the long request and four more arrive
+        # together, so the long one takes the last of the 7 slots and the four queue behind it.
+        assert await asyncio.to_thread(worker.held.wait, 30)
         long_add = asyncio.ensure_future(engine.add_request("long", LONG_PROMPT, _params(5)))
         await asyncio.sleep(0)
         queued_adds = [asyncio.ensure_future(engine.add_request(f"queued-{k}", [40 + k, 41],
@@ -141,6 +144,32 @@ def test_cancels_and_deadlines_during_a_long_prefill_end_only_their_requests():
     assert scheduler.kv.pool.num_free_blocks == scheduler.kv.pool.num_blocks - 1  # all freed
 
 
+def _held_failing_executor(config, num_requests: int):
+    """A FailingExecutor whose steps wait for `go`, and whose first step after every one of
+    num_requests requests has been prefilled waits for `release`, then fails if `down` is set:
+    the replica dies exactly when each request has its first token, whatever the thread timing
+    (a fast fake worker could otherwise finish some requests before the test cut the worker)."""
+    from tests.scheduler.test_worker_grace_engine import FailingExecutor
+
+    class HeldFailingExecutor(FailingExecutor):
+        def __init__(self) -> None:
+            super().__init__(config)
+            self.go = threading.Event()
+            self.release = threading.Event()
+            self.prefilled: set[str] = set()
+
+        def collective_rpc(self, method, args=(), *rest, **kwargs):
+            if method == "execute_model" and not self.down:
+                assert self.go.wait(30)
+                if len(self.prefilled) == num_requests:
+                    assert self.release.wait(30)
+                else:
+                    self.prefilled.update(r.req_id for r in args[0].scheduled_new_reqs)
+            return super().collective_rpc(method, args, *rest, **kwargs)
+
+    return HeldFailingExecutor()
+
+
 def test_cancels_and_deadlines_while_parked_end_only_their_requests():
     """The last replica dies: its requests park (moved) and new ones wait for admission within
     the grace period; calls cut there end alone, and the survivors resume on the replica that
@@ -149,20 +178,26 @@ def test_cancels_and_deadlines_while_parked_end_only_their_requests():
     from tests.scheduler.test_worker_grace_engine import FailingExecutor, make_config
 
     config = make_config(block_size=16, worker_grace_s=60)
-    dying = FailingExecutor(config)
+    dying = _held_failing_executor(config, num_requests=4)
     engine = AsyncEngine(ReplicatedEngine(config, [dying]))
 
     async def go():
         engine.start()
         keep_prompts = [[5 + k, 6, 7] for k in range(2)]
-        keepers = [await engine.add_request(f"keep-{k}", p, _params(40))
-                   for k, p in enumerate(keep_prompts)]
-        victims = [await engine.add_request(f"moved-{k}", [30 + k, 31], _params(40))
-                   for k in range(2)]
-        firsts = [(await stream.__anext__()).new_token_ids for stream in keepers + victims]
+        adds = [asyncio.ensure_future(engine.add_request(f"keep-{k}", p, _params(40)))
+                for k, p in enumerate(keep_prompts)]
+        adds += [asyncio.ensure_future(engine.add_request(f"moved-{k}", [30 + k, 31],
+                                                          _params(40)))
+                 for k in range(2)]
+        await asyncio.sleep(0)  # all four sent: no step runs before they are on the inbox
+        dying.go.set()
+        streams = [await add for add in adds]
+        keepers, victims = streams[:2], streams[2:]
+        firsts = [(await stream.__anext__()).new_token_ids for stream in streams]
         assert all(firsts)
         keep_tasks = [asyncio.ensure_future(_drain(s)) for s in keepers]
         dying.down = True
+        dying.release.set()
         while len(engine.core.parked) < 4:  # all four moved, waiting for a replica
             await asyncio.sleep(0.005)
         cuts = [_cut(engine.add_request(f"new-{k}", [40, k], _params(4)), "deadline")
