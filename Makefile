@@ -33,8 +33,10 @@ $(RUN_STAMP): pyproject.toml
 	touch $(RUN_STAMP)
 
 # Everything: the dev extra, and Triton, which the kernel tests run in its interpreter on CPU.
+# (A variable, since a comma inside $(call ...) would split the argument.)
+DEV_EXTRAS := [dev,triton]
 $(STAMP): pyproject.toml
-	$(call install,[dev,triton])
+	$(call install,$(DEV_EXTRAS))
 	touch $(STAMP) $(RUN_STAMP)
 
 setup: $(STAMP) ## create .venv and install batchwire with its dev extras

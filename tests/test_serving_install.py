@@ -82,6 +82,9 @@ def test_make_run_installs_batchwire_without_the_dev_extra(tmp_path):
     gpu = subprocess.run(["make", "-n", f"RUN_STAMP={tmp_path / 'none'}", "TRITON=[triton]",
                           "run"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "install -q -e '.[triton]'" in gpu.stdout, gpu.stdout
+    everything = subprocess.run(["make", "-n", f"STAMP={tmp_path / 'none'}", "setup"],
+                                cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "install -q -e '.[dev,triton]'" in everything.stdout, everything.stdout
 
 
 def test_the_serving_install_has_every_module_serving_imports_and_no_dev_tool():
