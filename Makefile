@@ -64,7 +64,8 @@ run: $(RUN_STAMP) ## serve the embedded model on port 50051 (ARGS="--help" lists
 	@echo "Loading the model; '$(VENV)/bin/batchwire serve --help' lists the options (env BATCHWIRE_<OPTION>)."
 	$(PY) -m scheduler_svc.cli serve --port 50051 --side-ports-fallback $(ARGS)
 
-# The slowest tests are listed at the end: the suite's time budget (20 min on 2 cores) is spent there.
+# The slowest tests are listed at the end: the suite's time budget (15 min on the slowest 2-core
+# machine of its kind, an AVX2-only one) is spent there.
 test: $(STAMP) ## the whole test suite
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
