@@ -1,12 +1,11 @@
 """A worker's refusal of a step, naming the requests at fault, across the seam.
 
-The worker checks each step before it changes anything (worker_svc/validation.py) and refuses a
-bad one whole with INVALID_ARGUMENT; its persistent batch stays as it was. When the fault is some
+The worker checks each step before it changes anything (worker_svc/batch/validation.py) and refuses
+a bad one whole with INVALID_ARGUMENT; its persistent batch stays as it was. When the fault is some
 requests' (a sampling value, a token id), the refusal names them, so that the scheduler fails only
 those and sends the step again without them; the rest of the batch never notices. In process the
 refusal is a StepRefused; over gRPC and ZMQ its req_ids ride at the end of the status message, as
-one JSON line after REFUSED_MARK, the same on both transports.
-"""
+one JSON line after REFUSED_MARK, the same on both transports."""
 
 from __future__ import annotations
 

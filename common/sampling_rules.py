@@ -1,6 +1,6 @@
 """The one rule set for a request's sampling fields, shared by the scheduler's admission
 (SamplingParams: gRPC, HTTP and the offline API) and the worker's check of the wire
-(worker_svc/validation.py). What admission accepts, the worker accepts; what the worker would
+(worker_svc/batch/validation.py). What admission accepts, the worker accepts; what the worker would
 refuse, admission refuses first, naming the field.
 
 The rules read the fields by their names, which SamplingParams and the wire's

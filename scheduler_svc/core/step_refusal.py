@@ -1,12 +1,12 @@
 """A worker's refusal of a step, per request: the refused requests fail, the step goes again
 without them, and every other request carries on as if nothing happened.
 
-The worker checks a whole step before it changes anything (worker_svc/validation.py), so after a
-refusal it holds exactly what it held before the step. The scheduler, though, has already planned
-the step: it allocated blocks, made them findable in the prefix cache, and counted the scheduled
-tokens as computed. So the refused requests end here (their blocks freed and their step's blocks
-forgotten by the prefix cache: nothing was ever written there), and the same step, less them, is
-what the worker gets next: for everyone else it is the step the scheduler planned.
+The worker checks a whole step before it changes anything (worker_svc/batch/validation.py), so
+after a refusal it holds exactly what it held before the step. The scheduler, though, has already
+planned the step: it allocated blocks, made them findable in the prefix cache, and counted the
+scheduled tokens as computed. So the refused requests end here (their blocks freed and their step's
+blocks forgotten by the prefix cache: nothing was ever written there), and the same step, less
+them, is what the worker gets next: for everyone else it is the step the scheduler planned.
 
 A new request of the step that found a refused one's blocks in the prefix cache (the same prompt
 prefix, admitted in the same step) would read KV that is now never written: it goes back to the

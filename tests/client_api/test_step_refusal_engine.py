@@ -26,7 +26,7 @@ VOCAB = 64
 
 class CheckingWorker:
     """The fake worker behind the real worker's sampling rules: a new request breaking one is
-    refused, the whole step unchanged, naming it (as worker_svc/validation.py does)."""
+    refused, the whole step unchanged, naming it (as worker_svc/batch/validation.py does)."""
 
     def __init__(self, worker) -> None:
         self.worker = worker
