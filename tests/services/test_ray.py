@@ -21,6 +21,7 @@ from scheduler_svc.cli.commands import main as cli_main
 from scheduler_svc.engine.engine_core import EngineCore
 from scheduler_svc.engine.replicas import ReplicatedEngine
 from scheduler_svc.executors.errors import WorkerUnavailableError
+from scheduler_svc.executors.ray_group import connect_ray
 from scheduler_svc.executors.ray_replicas import RayReplicas
 from tests.client_api.server_process import ServerProcess, collect
 
@@ -107,8 +108,8 @@ def test_replicas_spread_survive_a_lost_node_and_come_back(cluster, tiny_llama,
         assert all(0 < len(t) < 40 for t in streams.tokens.values())
 
         lost = first[1]
-        c.remove_node(next(n for n in nodes if node_id_of(n) == lost.node_ids[0]),
-                      allow_graceful=False)
+        lost_node = next(n for n in nodes if node_id_of(n) == lost.node_ids[0])
+        c.remove_node(lost_node, allow_graceful=False)
         while engine.has_requests():
             streams.take(engine.step())
         assert engine.num_moved == NUM_REQUESTS // 2
@@ -117,8 +118,10 @@ def test_replicas_spread_survive_a_lost_node_and_come_back(cluster, tiny_llama,
         assert set(streams.finished.values()) == {"length"}
         assert streams.counts == {r: len(t) for r, t in reference.items()}
 
-        # No room for it until a node joins: then the supervisor places it there.
-        added = c.add_node(node_ip_address="127.0.0.3", **_NODE)
+        # No room for it until a node joins: then the supervisor places it there. The new node
+        # takes the lost one's address, so the cluster's live nodes keep one address each (the
+        # next test tells nodes apart by their workers' addresses).
+        added = c.add_node(node_ip_address=lost_node.node_ip_address, **_NODE)
         wait_until(lambda: engine.apply_commands() is not None and len(engine.replicas) == 2,
                    "the replica to come back")
         back = supervisor.executors[1]
@@ -166,6 +169,8 @@ def test_serve_over_ray_places_its_replicas_and_answers(cluster, tiny_llama_with
         server.wait_serving()
         workers = server.server_info().workers
         assert [w.state for w in workers] == [generate_pb2.WORKER_STATE_READY] * 2
+        live = [n for n in connect_ray(c.address).nodes() if n["Alive"] and n["Resources"].get("CPU")]
+        assert len({n["NodeManagerAddress"] for n in live}) == len(live) == 2  # one address each
         assert len({w.address.rpartition(":")[0] for w in workers}) == 2  # two nodes
         ids, _, last, _ = collect(server.stub.Generate(generate_pb2.GenerateRequest(
             token_ids=prompt, sampling=generate_pb2.SamplingParams(
