@@ -65,6 +65,7 @@ class RankActor:
 
     def __init__(self) -> None:
         self.process: Any = None
+        self.folder: str | None = None  # the worker's token and ready file
 
     def node_id(self) -> str:
         import ray
@@ -85,7 +86,7 @@ class RankActor:
         import sys
         import tempfile
 
-        folder = tempfile.mkdtemp(prefix="batchwire-ray-worker-")
+        self.folder = folder = tempfile.mkdtemp(prefix="batchwire-ray-worker-")
         token_file = os.path.join(folder, "worker-token")
         fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -98,19 +99,29 @@ class RankActor:
 
     def watch(self) -> int | None:
         """Lasts as long as the worker; its exit code."""
-        return None if self.process is None else self.process.wait()
+        if self.process is None:
+            return None
+        code = self.process.wait()
+        self._remove_folder()
+        return code
 
     def stop(self) -> None:
         import subprocess
 
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(_STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._remove_folder()
+
+    def _remove_folder(self) -> None:
+        import shutil
+
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _actor_class(ray: Any) -> Any:

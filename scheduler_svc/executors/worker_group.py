@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -65,10 +66,11 @@ def wait_ready(process: subprocess.Popen, ready: str, cmd: list[str],
 
 class LocalWorkerGroup:
     def __init__(self, process: subprocess.Popen, endpoints: list[RankEndpoint],
-                 token_file: str) -> None:
+                 token_file: str, folder: str) -> None:
         self.process = process
         self.endpoints = endpoints
         self.token_file = token_file  # the group answers only this file's token
+        self.folder = folder  # its ready file and token: removed when the group stops
 
     @classmethod
     def start(cls, config: WorkerConfig, host: str = "127.0.0.1",
@@ -89,11 +91,12 @@ class LocalWorkerGroup:
             ranks = wait_ready(process, ready, cmd, timeout_s)
         except BaseException:
             _stop_session(process, grace_s=5.0)
+            shutil.rmtree(folder, ignore_errors=True)
             raise
         endpoints = [RankEndpoint(r["rank"], host, r["grpc_port"], r["zmq_port"],
                                   r.get("metrics_port")) for r in ranks]
         logger.info("started a local worker group: %s", endpoints)
-        return cls(process, endpoints, token_file)
+        return cls(process, endpoints, token_file, folder)
 
     def addresses(self, transport: str) -> list[str]:
         return [e.address(transport) for e in self.endpoints]
@@ -107,6 +110,7 @@ class LocalWorkerGroup:
             except subprocess.TimeoutExpired:
                 pass
         _stop_session(self.process, grace_s)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _stop_session(process: subprocess.Popen, grace_s: float) -> None:

@@ -4,6 +4,7 @@ seconds, never a hang."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -79,6 +80,7 @@ def test_executor_starts_and_stops_its_own_worker_group(tiny_llama, uni_tokens):
     finally:
         engine.shutdown()
     assert group.process.wait(timeout=15) == 0  # a clean exit after the Shutdown call
+    assert not os.path.exists(group.folder)  # its token file is not left in /tmp
 
 
 def test_refused_step_surfaces_from_the_future_and_the_executor_lives_on(shared_worker, tiny_llama):

@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -142,6 +143,7 @@ def run_group(args: argparse.Namespace, argv: list[str]) -> int:
         if registration is not None:
             registration.deregister()
         _stop_children(children)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _wait_ready(
