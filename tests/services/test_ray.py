@@ -169,7 +169,8 @@ def test_serve_over_ray_places_its_replicas_and_answers(cluster, tiny_llama_with
         server.wait_serving()
         workers = server.server_info().workers
         assert [w.state for w in workers] == [generate_pb2.WORKER_STATE_READY] * 2
-        live = [n for n in connect_ray(c.address).nodes() if n["Alive"] and n["Resources"].get("CPU")]
+        live = [n for n in connect_ray(c.address).nodes()
+                if n["Alive"] and n["Resources"].get("CPU")]
         assert len({n["NodeManagerAddress"] for n in live}) == len(live) == 2  # one address each
         assert len({w.address.rpartition(":")[0] for w in workers}) == 2  # two nodes
         ids, _, last, _ = collect(server.stub.Generate(generate_pb2.GenerateRequest(
