@@ -4,7 +4,8 @@ gguf.GGUFReader parses every element of every array into numpy (the tokenizer's 
 merges), which takes about 9 s for the embedded SmolLM2 on a loaded 2-core machine; the server
 needs a few scalar keys and the tensor types, so this reader skips array elements it is not asked
 for. Layout (GGUF v2/v3, little-endian): magic, version, tensor count, metadata count, the metadata
-(key, type, value), then per tensor: name, dims, type, offset.
+(key, type, value), then per tensor: name, dims, type, offset; the tensors' data starts at the
+next multiple of `general.alignment` (32 by default) after the header.
 """
 
 from __future__ import annotations
@@ -28,9 +29,23 @@ QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q2_K": 2, 
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class TensorInfo:
+    name: str
+    dims: tuple[int, ...]  # GGUF's order: the fastest-varying dimension first
+    kind: int  # ggml_type
+    offset: int  # from the start of the file
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class GgufHeader:
     metadata: dict[str, Any]  # scalar and string values; arrays are left out
-    tensor_types: Counter[str]  # storage type -> number of tensors
+    array_lengths: dict[str, int]  # the arrays' keys, with their number of elements
+    tensors: list[TensorInfo]
+
+    @property
+    def tensor_types(self) -> Counter[str]:
+        """Storage type -> number of tensors."""
+        return Counter(TENSOR_TYPES.get(t.kind, f"type {t.kind}") for t in self.tensors)
 
     def describe_weights(self, dtype: str) -> str:
         """E.g. 'GGUF, 4-bit Q4_1 (210 of 272 tensors; also F32, Q8_0), de-quantised to
@@ -53,23 +68,33 @@ def read_gguf_header(path: str) -> GgufHeader:
         if version < 2:
             raise ValueError(f"{path}: GGUF version {version} is not supported (2 or later)")
         metadata: dict[str, Any] = {}
+        array_lengths: dict[str, int] = {}
         for _ in range(n_kv):
             key = _string(f)
             value = _value(f, struct.unpack("<I", f.read(4))[0])
-            if value is not _SKIPPED:
+            if isinstance(value, _Skipped):
+                array_lengths[key] = value.length
+            else:
                 metadata[key] = value
-        types: Counter[str] = Counter()
+        entries = []
         for _ in range(n_tensors):
-            _string(f)
+            name = _string(f)
             n_dims = struct.unpack("<I", f.read(4))[0]
-            f.seek(8 * n_dims, 1)
-            kind = struct.unpack("<I", f.read(4))[0]
-            f.seek(8, 1)  # the data's offset
-            types[TENSOR_TYPES.get(kind, f"type {kind}")] += 1
-    return GgufHeader(metadata, types)
+            dims = struct.unpack(f"<{n_dims}Q", f.read(8 * n_dims))
+            kind, offset = struct.unpack("<IQ", f.read(12))
+            entries.append((name, dims, kind, offset))
+        alignment = int(metadata.get("general.alignment", 32))
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"{path}: general.alignment {alignment} is not a power of two")
+        start = -(-f.tell() // alignment) * alignment
+    tensors = [TensorInfo(name, dims, kind, start + offset) for name, dims, kind, offset in entries]
+    return GgufHeader(metadata, array_lengths, tensors)
 
 
-_SKIPPED = object()
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Skipped:
+    """An array's value, not read: only its length."""
+    length: int
 
 
 def _string(f: BinaryIO) -> str:
@@ -90,5 +115,5 @@ def _value(f: BinaryIO, kind: int) -> Any:
         else:
             for _ in range(count):
                 _value(f, item)
-        return _SKIPPED
+        return _Skipped(count)
     raise ValueError(f"unknown GGUF metadata type {kind}")

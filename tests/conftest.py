@@ -62,12 +62,22 @@ def default_model_file() -> str:
     return default_model_path()
 
 
-@pytest.fixture(scope="session")
-def default_tokenizer(default_model_file):
-    from transformers import AutoTokenizer
+@pytest.fixture(scope="session", autouse=True)
+def tokenizer_cache(tmp_path_factory, worker_id) -> str:
+    """One cache folder for this run (scheduler_svc/core/tokenizer.py): the test processes and
+    every server they start (they inherit the environment) share it, and no test reads what an
+    earlier run or a user's own ~/.cache left behind."""
+    base = tmp_path_factory.getbasetemp()
+    folder = str((base.parent if worker_id != "master" else base) / "batchwire-cache")
+    os.environ["BATCHWIRE_CACHE_DIR"] = folder
+    return folder
 
-    folder, name = os.path.split(default_model_file)
-    return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+
+@pytest.fixture(scope="session")
+def default_tokenizer(tokenizer_cache):
+    from scheduler_svc.core.tokenizer import load_tokenizer
+
+    return load_tokenizer(None)
 
 
 @pytest.fixture(scope="session")

@@ -1,10 +1,14 @@
 """A GGUF file (llama.cpp's format): metadata, and tensors de-quantised to float32.
 
-Tensors are renamed to Hugging Face names so one weight loader serves both formats.
+Tensors are renamed to Hugging Face names so one weight loader serves both formats. The header is
+read by common/gguf_header.py, which skips the tokenizer's arrays (gguf.GGUFReader turns each of
+their ~100,000 elements into a numpy view: seconds per load); the tensors are views of the mapped
+file, de-quantised one at a time by the `gguf` package.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +16,7 @@ from typing import Any
 import gguf
 import numpy as np
 import torch
+from batchwire.common.gguf_header import GgufHeader, TensorInfo, read_gguf_header
 
 from worker_svc.model_config import ModelConfig
 
@@ -37,19 +42,50 @@ _GLOBAL_NAMES = {
 }
 
 
-def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+# Types stored as plain numpy arrays; every other type is stored in blocks, read as bytes.
+_PLAIN = {gguf.GGMLQuantizationType.F32: np.float32, gguf.GGMLQuantizationType.F16: np.float16,
+          gguf.GGMLQuantizationType.F64: np.float64, gguf.GGMLQuantizationType.I8: np.int8,
+          gguf.GGMLQuantizationType.I16: np.int16, gguf.GGMLQuantizationType.I32: np.int32,
+          gguf.GGMLQuantizationType.I64: np.int64}
 
 
-def read_config(reader: gguf.GGUFReader) -> ModelConfig:
+@dataclasses.dataclass
+class GgufFile:
+    path: str
+    header: GgufHeader
+
+    @classmethod
+    def open(cls, path: str) -> GgufFile:
+        return cls(path, read_gguf_header(path))
+
+    def tensor_data(self, info: TensorInfo, mapped: np.ndarray) -> np.ndarray:
+        """The tensor as stored, in numpy's order (the slowest dimension first): values for the
+        plain types, rows of bytes for the block types (what gguf.quants.dequantize takes)."""
+        kind = gguf.GGMLQuantizationType(info.kind)
+        shape = tuple(reversed(info.dims))
+        count = int(np.prod(info.dims))
+        if kind in _PLAIN:
+            dtype = np.dtype(_PLAIN[kind])
+            data = mapped[info.offset:info.offset + count * dtype.itemsize]
+            return data.view(dtype).reshape(shape)
+        block, size = gguf.GGML_QUANT_SIZES[kind]
+        data = mapped[info.offset:info.offset + count * size // block]
+        return data.reshape(gguf.quants.quant_shape_to_byte_shape(shape, kind))
+
+
+def _field(reader: GgufFile, key: str, default: Any = None) -> Any:
+    return reader.header.metadata.get(key, default)
+
+
+def read_config(reader: GgufFile) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in _ARCHITECTURES:
         raise ValueError(f"unsupported GGUF architecture {arch!r}")
     num_heads = _field(reader, f"{arch}.attention.head_count")
     hidden = _field(reader, f"{arch}.embedding_length")
-    vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
-    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    vocab = _field(reader, f"{arch}.vocab_size") or reader.header.array_lengths[
+        "tokenizer.ggml.tokens"]
+    has_output = any(t.name == "output.weight" for t in reader.header.tensors)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")
     scaling = None
@@ -95,11 +131,13 @@ def _hf_name(name: str) -> str:
     return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
 
 
-def iter_tensors(reader: gguf.GGUFReader, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    for tensor in reader.tensors:
+def iter_tensors(reader: GgufFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    mapped = np.memmap(reader.path, dtype=np.uint8, mode="r")
+    for tensor in reader.header.tensors:
         if tensor.name == "rope_freqs.weight":  # llama.cpp's own rope table; rotary.py derives it
             continue
-        array = gguf.quants.dequantize(tensor.data, tensor.tensor_type)  # [out, in] float32
+        data = reader.tensor_data(tensor, mapped)
+        array = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(tensor.kind))  # [out, in]
         name = _hf_name(tensor.name)
         if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-import gguf
 import torch
 
 from worker_svc.loaders import gguf_file, hf_checkpoint
@@ -27,7 +26,7 @@ _FUSED = {
 
 def read_model_config(path: str) -> ModelConfig:
     if path.endswith(".gguf"):
-        return gguf_file.read_config(gguf.GGUFReader(path))
+        return gguf_file.read_config(gguf_file.GgufFile.open(path))
     return hf_checkpoint.read_config(path)
 
 
@@ -42,7 +41,7 @@ def load_model(
     """This rank's part of the model: the layers of its pipeline stage `pp` = (pp_rank, pp_size),
     each weight's tensor-parallel shard (all of it without tensor parallelism)."""
     if path.endswith(".gguf"):
-        reader = gguf.GGUFReader(path)
+        reader = gguf_file.GgufFile.open(path)
         cfg = gguf_file.read_config(reader)
         tensors: Iterable[tuple[str, torch.Tensor]] = gguf_file.iter_tensors(reader, cfg)
     else:
