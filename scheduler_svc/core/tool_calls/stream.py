@@ -132,7 +132,7 @@ class ToolCallStream:
                 if call.name is None:
                     break
                 self.sent.append(-1)
-                out.calls.append(CallDelta(self.first + j, "", f"call_{uuid.uuid4().hex[:24]}",
+                out.calls.append(CallDelta(self.first + j, "", new_call_id(),
                                            call.name))
             fragment = self._fragment(call, self.sent[j], closed)
             if fragment:
@@ -158,6 +158,10 @@ class ToolCallStream:
             out.text += text
             if text.strip():
                 self.at_start = False
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def _partial_suffix(text: str, tag: str) -> int:
