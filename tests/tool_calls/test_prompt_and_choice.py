@@ -35,9 +35,9 @@ def test_the_embedded_template_gets_the_tools_and_earlier_calls_in_its_text(defa
     assert template_tools is None  # SmolLM2's template has no `tools`
     text = default_tokenizer.decode(chat_prompt_ids(default_tokenizer, turns))
     system, user, assistant, tool, prompt = text.split("<|im_end|>\n")
-    assert system.startswith("<|im_start|>system\nFunctions:\n<tools>\n")
-    assert json.dumps(WEATHER.as_openai()["function"], separators=(",", ":")) in system
-    assert '"name":"get_time","parameters":{"type":"object"}' in system
+    assert system.startswith("<|im_start|>system\nYou can call these functions:\n<tools>\n")
+    assert json.dumps(WEATHER.as_openai()["function"]) in system
+    assert '"name": "get_time", "parameters": {"type": "object"}' in system
     assert "<tool_call>[" in system
     assert user == "<|im_start|>user\nWeather in Paris?"
     assert assistant == ('<|im_start|>assistant\n<tool_call>[{"name": "get_weather", '
@@ -51,7 +51,7 @@ def test_a_system_message_keeps_its_text_before_the_tools(default_tokenizer):
                                   {"role": "user", "content": "Hi"}], [WEATHER], SMOLLM2,
                                  default_tokenizer.chat_template)
     assert [t["role"] for t in turns] == ["system", "user"]
-    assert turns[0]["content"].startswith("Be brief.\n\nFunctions:\n<tools>")
+    assert turns[0]["content"].startswith("Be brief.\n\nYou can call these functions:")
 
 
 def test_a_template_that_renders_tools_gets_them_as_its_variable():

@@ -26,19 +26,22 @@ class ToolCallFormat:
 
     def describe(self, tools: list[dict[str, Any]]) -> str:
         """A system message's text telling the model the tools and how to call them, for
-        templates that do not render `tools` themselves."""
-        listed = "\n".join(json.dumps(t, ensure_ascii=False, separators=(",", ":"))
-                           for t in tools)
-        example = json.dumps({"name": "<name>", self.argument_key: {"<parameter>": "<value>"}})
+        templates that do not render `tools` themselves. The JSON is spaced as the model
+        writes it: compact, SmolLM2-135M misnames a tool ("weather" for "get_weather")."""
+        listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+        example = json.dumps({"name": "<function name>", self.argument_key: {"<parameter>":
+                                                                             "<value>"}})
         if self.name == "smollm2":
-            how = (f"To call them, answer only <tool_call>[{example}]</tool_call> (a list of "
-                   "calls); else answer in text.")
+            how = (f"To call functions, answer with <tool_call>[{example}]</tool_call>, a JSON "
+                   "list of one or more calls and nothing else. If no function fits, answer "
+                   "in plain text.")
         elif self.name == "hermes":
-            how = (f"To call one, answer <tool_call>{example}</tool_call> (a tag per call); "
-                   "else answer in text.")
+            how = (f"To call a function, answer with <tool_call>{example}</tool_call>, one tag "
+                   "per call. If no function fits, answer in plain text.")
         else:
-            how = f"To call one, answer only {example}; else answer in text."
-        return f"Functions:\n<tools>\n{listed}\n</tools>\n{how}"
+            how = (f"To call a function, answer with only the JSON {example}. If no function "
+                   "fits, answer in plain text.")
+        return f"You can call these functions:\n<tools>\n{listed}\n</tools>\n{how}"
 
     def write_calls(self, calls: list[dict[str, Any]]) -> str:
         """An earlier assistant turn's calls ({"name", "arguments"}) as this format writes

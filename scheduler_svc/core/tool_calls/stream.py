@@ -149,7 +149,10 @@ class ToolCallStream:
         if sent >= 0 or not (call.done or call.arguments_done or closed):
             return ""
         if call.arguments.startswith('"') and call.arguments_done:
-            decoded = json.loads(call.arguments)
+            try:
+                decoded = json.loads(call.arguments)
+            except ValueError:  # a bad escape: as written
+                return call.arguments
             return decoded if decoded.strip() else "{}"
         return call.arguments or "{}"
 
