@@ -52,7 +52,8 @@ def tool_plan(msg: generate_pb2.GenerateRequest, fmt: ToolCallFormat | None) -> 
     if msg.tool_choice_function and choice != "function":
         raise InvalidRequestError("tool_choice_function", "set only with "
                                   "TOOL_CHOICE_FUNCTION")
-    plan = plan_tools(tool_specs(msg), choice, msg.tool_choice_function or None, fmt)
+    plan = plan_tools(tool_specs(msg), choice, msg.tool_choice_function or None, fmt,
+                      "tools[{}].name")
     if plan.constrained and msg.sampling.WhichOneof("constraint") is not None:
         raise InvalidRequestError("tool_choice", "a constrained call cannot be combined with "
                                   f"sampling.{msg.sampling.WhichOneof('constraint')}")

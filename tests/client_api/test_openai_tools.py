@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import grpc
 import pytest
 from batchwire.v1 import generate_pb2
 
@@ -94,3 +95,30 @@ def test_generate_carries_the_parsed_calls(server):
             assert text.startswith("<tool_call>"), text
         else:  # constrained to the arguments' JSON
             assert json.loads(text) == {"city": "Paris"}
+
+
+def test_generate_refuses_bad_tools_naming_the_field(server):
+    tool = generate_pb2.Tool(name="f", parameters=json.dumps(CITY))
+    hi = [generate_pb2.ChatMessage(role="user", content="hi")]
+    cases = [
+        ({"tools": [generate_pb2.Tool(name="f", parameters="{not json")]}, "tools[0].parameters"),
+        ({"tools": [generate_pb2.Tool(name="f", parameters="[1]")]}, "tools[0].parameters"),
+        ({"tools": [tool, tool]}, "tools[1].name"),
+        ({"tools": [tool], "tool_choice": generate_pb2.TOOL_CHOICE_FUNCTION,
+          "tool_choice_function": "g"}, "tool_choice"),
+        ({"tools": [tool], "tool_choice": 99}, "tool_choice"),
+        ({"tool_choice": generate_pb2.TOOL_CHOICE_REQUIRED}, "tool_choice"),
+        ({"tools": [tool], "tool_choice_function": "f"}, "tool_choice_function"),
+        ({"tools": [tool], "tool_choice": generate_pb2.TOOL_CHOICE_REQUIRED,
+          "sampling": generate_pb2.SamplingParams(json_object=True)}, "tool_choice"),
+    ]
+    for fields, field in cases:
+        request = generate_pb2.GenerateRequest(messages=hi, **fields)
+        with pytest.raises(grpc.RpcError) as e:
+            collect(server.stub.Generate(request, timeout=60))
+        assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, fields
+        assert e.value.details().startswith(f"{field}:"), (fields, e.value.details())
+    text = generate_pb2.GenerateRequest(text="hi", tools=[tool])
+    with pytest.raises(grpc.RpcError) as e:
+        collect(server.stub.Generate(text, timeout=60))
+    assert e.value.details().startswith("tools: need a chat prompt"), e.value.details()

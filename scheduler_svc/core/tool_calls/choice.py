@@ -48,9 +48,10 @@ class ToolPlan:
 
 
 def plan_tools(tools: list[ToolSpec], choice: str | None, function: str | None,
-               fmt: ToolCallFormat | None) -> ToolPlan:
+               fmt: ToolCallFormat | None, name_field: str = "tools[{}].function.name"
+               ) -> ToolPlan:
     """choice: one of CHOICES ("function" with `function` naming it), None when not sent.
-    Refusals name the field (`tools`, `tool_choice`) as the OpenAI API spells it."""
+    Refusals name the field (`tool_choice`, a tool's name as `name_field` spells it)."""
     if choice is not None and choice not in CHOICES:
         raise InvalidRequestError("tool_choice", f"{choice!r} is not one of {', '.join(CHOICES)}")
     if not tools:
@@ -60,7 +61,7 @@ def plan_tools(tools: list[ToolSpec], choice: str | None, function: str | None,
     names = [t.name for t in tools]
     for i, name in enumerate(names):
         if not name or names.index(name) != i:
-            raise InvalidRequestError(f"tools[{i}].function.name", f"{name!r} is empty or "
+            raise InvalidRequestError(name_field.format(i), f"{name!r} is empty or "
                                       "repeats an earlier tool's name")
     if choice == "none":
         return ToolPlan([], None, None, fmt)

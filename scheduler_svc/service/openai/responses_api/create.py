@@ -50,10 +50,7 @@ def _tool_plan(body: ResponsesRequest, ctx: FrontContext) -> ToolPlan:
     choice, function = (given, None) if given is None or isinstance(given, str) \
         else ("function", given.name)
     specs = [ToolSpec(t.name, t.description, t.parameters) for t in body.tools or ()]
-    try:
-        return plan(specs, choice, function, ctx.model().tool_format)
-    except InvalidRequestError as e:  # a Responses tool has its name at its top level
-        raise InvalidRequestError(e.field.replace(".function.name", ".name"), e.message) from None
+    return plan(specs, choice, function, ctx.model().tool_format, "tools[{}].name")
 
 
 def _constraint(body: ResponsesRequest, tools: ToolPlan, sampling: Any) -> None:
