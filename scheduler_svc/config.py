@@ -9,6 +9,8 @@ from batchwire.common.worker_config import POOLING_TYPES, TASKS, WorkerConfig
 
 POLICIES = ("fcfs", "priority")
 SPECULATIVE_METHODS = (None, "ngram")
+# core/tool_calls/formats.py's formats, and "none".
+TOOL_CALL_PARSERS = ("smollm2", "hermes", "llama3_json", "none")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -83,6 +85,9 @@ class SchedulerConfig:
     # (core/generation_config.py), "none" = SamplingParams' own, or a folder or
     # generation_config.json file to read them from.
     generation_config: str = "auto"
+    # The syntax of the model's own tool calls, for tool_choice "auto" (core/tool_calls): one of
+    # TOOL_CALL_PARSERS, "none" (auto is refused), or None = the one its chat template shows.
+    tool_call_parser: str | None = None
 
     # Async scheduling: step N+1 is scheduled and sent while the worker computes step N,
     # each request sampling in N assumed to gain one token; a token computed for a request that
@@ -107,6 +112,9 @@ class SchedulerConfig:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.tool_call_parser not in (None, *TOOL_CALL_PARSERS):
+            raise ValueError(f"tool_call_parser must be one of {', '.join(TOOL_CALL_PARSERS)}, "
+                             f"got {self.tool_call_parser!r}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError("long_prefill_token_threshold must be >= 0, "
                              f"got {self.long_prefill_token_threshold}")

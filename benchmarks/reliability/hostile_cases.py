@@ -265,8 +265,52 @@ def _http_cases() -> list[Case]:
     return [Case("malformed HTTP", name, raw, http_layer=True) for name, raw in cases]
 
 
+def _responses_cases() -> list[Case]:
+    """/v1/responses and tool calls: each a 400 naming the field, none a 5xx."""
+    s = "\\ud800"
+    call = '{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}'
+    deep = '{"a": ' * 60 + "1" + "}" * 60
+    bodies = [
+        ("lone surrogate in input", f'{{"input": "a{s}"}}'),
+        ("lone surrogate in instructions", f'{{"input": "hi", "instructions": "{s}"}}'),
+        ("input 5", '{"input": 5}'),
+        ("input []", '{"input": []}'),
+        ("max_output_tokens 2**80", f'{{"input": "hi", "max_output_tokens": {2**80}}}'),
+        ("max_output_tokens \"10\"", '{"input": "hi", "max_output_tokens": "10"}'),
+        ("stream \"yes\"", '{"input": "hi", "stream": "yes"}'),
+        ("unknown item type", '{"input": [{"type": "reasoning", "summary": []}]}'),
+        ("function_call without call_id", '{"input": [{"type": "function_call", "name": "f"}]}'),
+        ("function_call_output without output",
+         '{"input": [{"type": "function_call_output", "call_id": "c"}]}'),
+        ("a message without a role", '{"input": [{"content": "hi"}]}'),
+        ("an image part", '{"input": [{"role": "user", "content": [{"type": "input_image"}]}]}'),
+        ("unknown previous_response_id", '{"input": "hi", "previous_response_id": "resp_x"}'),
+        ("tool_choice without tools", '{"input": "hi", "tool_choice": "required"}'),
+        ("two tools of one name", '{"input": "hi", "tools": [{"type": "function", "name": "f"}, '
+         '{"type": "function", "name": "f"}]}'),
+        ("a function_call_output's call alone", f'{{"input": [{call}], "tools": "f"}}'),
+        ("json_schema without a schema",
+         '{"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}'),
+        ("a schema no value satisfies", '{"input": "hi", "text": {"format": {"type": '
+         '"json_schema", "name": "x", "schema": {"type": "nope"}}}}'),
+        ("60 nested objects in tool parameters", '{"input": "hi", "tools": [{"type": '
+         f'"function", "name": "f", "parameters": {deep}}}], "tool_choice": "required"}}'),
+    ]
+    out = [Case("responses API", name, js("/v1/responses", body)) for name, body in bodies]
+    chat = '"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1'
+    out += [
+        Case("responses API", "chat tool_choice auto without tools",
+             js("/v1/chat/completions", f'{{{chat}, "tool_choice": "auto"}}')),
+        Case("responses API", "chat tool_choice function not among the tools",
+             js("/v1/chat/completions", f'{{{chat}, "tools": [{{"type": "function", '
+                '"function": {"name": "f"}}], "tool_choice": {"type": "function", '
+                '"function": {"name": "g"}}}')),
+    ]
+    return out
+
+
 def cases() -> list[Case]:
     return (_int_cases() + _text_cases() + _type_cases() + _float_cases() + _nesting_cases()
-            + _size_cases() + _json_cases() + _http_cases())
+            + _size_cases() + _json_cases() + _http_cases() + _responses_cases())
 
 

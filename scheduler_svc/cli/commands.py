@@ -33,7 +33,7 @@ from scheduler_svc.cli.client_commands import (
     cmd_chat,
     cmd_generate,
 )
-from scheduler_svc.config import POLICIES, SchedulerConfig
+from scheduler_svc.config import POLICIES, TOOL_CALL_PARSERS, SchedulerConfig
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(SchedulerConfig)}
 DRAIN_S = 600.0  # an orchestrator's drain: long requests finish before a rollout moves on
@@ -73,6 +73,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
             "unset sampling fields: auto = the model's generation config (GetModelInfo shows "
             "them), none = batchwire's (temperature 1...), or a folder or generation_config.json "
             "to read them from", metavar="auto|none|PATH")
+    _option(g, "--tool-call-parser", None, "the syntax of the model's own tool calls, read "
+            "for tool_choice auto (the default with tools): none refuses auto; unset: the one "
+            "the chat template shows (the embedded model: smollm2)", choices=TOOL_CALL_PARSERS)
 
 
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
@@ -262,7 +265,7 @@ def _new_scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerCo
         enable_chunked_prefill=not args.no_chunked_prefill, task=args.task,
         pooling_type=args.pooling_type, normalize=args.normalize,
         pipeline_parallel_size=args.pipeline_parallel_size,
-        generation_config=args.generation_config,
+        generation_config=args.generation_config, tool_call_parser=args.tool_call_parser,
         async_scheduling=args.async_scheduling, worker_grace_s=args.worker_grace_s,
         **_speculative_config(args), **extra)
 

@@ -10,6 +10,7 @@ contents are tokenized with special tokens read as plain text.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,12 +22,15 @@ _OPEN, _CLOSE = "\uf8f0", "\uf8f1"
 
 
 def chat_prompt_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]],
-                    field: str = "messages") -> list[int]:
+                    field: str = "messages", tools: list[dict[str, Any]] | None = None
+                    ) -> list[int]:
     """`conversation`: [{"role", "content", ...}] (extra keys, e.g. tool calls, go to the
-    template as they are). Raises InvalidRequestError naming `field` when the model has no
-    template or the template refuses the conversation."""
+    template as they are); `tools`: the template's `tools` variable. Raises
+    InvalidRequestError naming `field` when the model has no template or the template refuses
+    the conversation."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError(field, "the model has no chat template: send text or token_ids")
+    _check_no_special_text(tokenizer, conversation, tools, field)
     contents: list[str] = []
     placeheld = []
     for i, message in enumerate(conversation):
@@ -39,7 +43,7 @@ def chat_prompt_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]],
             contents.append(content)
         placeheld.append(message)
     try:
-        text = tokenizer.apply_chat_template(placeheld, tokenize=False,
+        text = tokenizer.apply_chat_template(placeheld, tools=tools, tokenize=False,
                                              add_generation_prompt=True)
     except Exception as e:  # the template's own checks (e.g. roles that must alternate)
         raise InvalidRequestError(field, f"the chat template refused them: {e}") from None
@@ -55,3 +59,21 @@ def chat_prompt_ids(tokenizer: Any, conversation: Sequence[dict[str, Any]],
         # The rendered template already holds the special tokens it wants.
         ids += tokenizer(piece, add_special_tokens=False).input_ids if piece else []
     return ids
+
+
+def _check_no_special_text(tokenizer: Any, conversation: Sequence[dict[str, Any]],
+                           tools: list[dict[str, Any]] | None, field: str) -> None:
+    """What the template renders itself (tools, earlier calls) is tokenized with the template,
+    special tokens recognised: such text must spell none of them."""
+    rendered = [("tools", tools)] if tools else []
+    rendered += [(f"{field}[{i}].tool_calls", m["tool_calls"])
+                 for i, m in enumerate(conversation) if m.get("tool_calls")]
+    if not rendered:
+        return
+    added = getattr(tokenizer, "added_tokens_decoder", {}).values()
+    specials = [t.content for t in added if t.special and t.content]
+    for where, value in rendered:
+        text = json.dumps(value, ensure_ascii=False)
+        for special in specials:
+            if special in text:
+                raise InvalidRequestError(where, f"holds the model's special token {special!r}")

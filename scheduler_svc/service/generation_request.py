@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from typing import Any
 
 from batchwire.v1 import generate_pb2
 
 from scheduler_svc.core.errors import InvalidRequestError, WrongTaskError
 from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.core.tool_calls import ToolPlan
 from scheduler_svc.service import wire
 from scheduler_svc.service.loaded_model import LoadedModel
+from scheduler_svc.service.tool_wire import tool_plan
 
 
 @dataclasses.dataclass(slots=True)
@@ -33,6 +36,12 @@ class GenerationRequest:
     cache_salt: str | None = None
     echo: bool = False  # the stream's first message carries the prompt as run
     continuous_usage: bool = False  # every message carries the usage so far
+    # The request's tools: what its reply is read for (auto, or a constrained call).
+    tools: ToolPlan | None = None
+
+    @property
+    def reads_tool_calls(self) -> bool:
+        return self.tools is not None and (self.tools.parses or self.tools.constrained)
 
     @property
     def prompt_as_run(self) -> list[int]:
@@ -46,13 +55,19 @@ async def parse(msg: generate_pb2.GenerateRequest, m: LoadedModel) -> Generation
     the id, the sampling fields, n and priority, the prompt's size, then its constraint."""
     check_task(m, msg.HasField("sampling"))
     request_id = wire.request_id(msg)
-    params = _sampling(msg.sampling, msg.priority, m)
+    tools = tool_plan(msg, m.tool_format)
+    sampling = msg.sampling
+    if tools.schema is not None:  # a constrained call: its JSON Schema is the constraint
+        sampling = generate_pb2.SamplingParams()
+        sampling.CopyFrom(msg.sampling)
+        sampling.json_schema = json.dumps(tools.schema)
+    params = _sampling(sampling, msg.priority, m)
     wire.check_prompt_chars(msg, m.max_prompt_chars, m.max_model_len)
-    field, ids = await tokenized(msg, m.tokenizer)
+    field, ids = await tokenized(msg, m.tokenizer, tools=tools)
     await _compile(params, m)
     return GenerationRequest(request_id, ids, field, params, msg.priority,
                              msg.cache_salt or None, msg.sampling.echo,
-                             msg.sampling.continuous_usage)
+                             msg.sampling.continuous_usage, tools)
 
 
 async def for_http(request_id: str, prompt_ids: list[int], sampling: generate_pb2.SamplingParams,
@@ -92,17 +107,18 @@ async def _compile(params: SamplingParams, m: LoadedModel) -> None:
             None, wire.compile_constraint, params, m.tokenizer, m.vocab_size)
 
 
-async def prompt_token_ids(msg: Any, m: LoadedModel) -> list[int]:
+async def prompt_token_ids(msg: Any, m: LoadedModel, tools: ToolPlan | None = None
+                           ) -> list[int]:
     """A text or chat prompt's ids, for the HTTP front: refused when too long to fit,
     tokenized off the event loop when long."""
     wire.check_prompt_chars(msg, m.max_prompt_chars, m.max_model_len)
-    return (await tokenized(msg, m.tokenizer))[1]
+    return (await tokenized(msg, m.tokenizer, tools=tools))[1]
 
 
-async def tokenized(msg: Any, tokenizer: Any, add_special_tokens: bool | None = None
-                    ) -> tuple[str, list[int]]:
+async def tokenized(msg: Any, tokenizer: Any, add_special_tokens: bool | None = None,
+                    tools: ToolPlan | None = None) -> tuple[str, list[int]]:
     """(the prompt's wire field, its token ids); a long prompt is tokenized on a thread."""
     if wire.prompt_chars(msg) <= wire.OFF_LOOP_CHARS:
-        return wire.tokenize(msg, tokenizer, add_special_tokens)
+        return wire.tokenize(msg, tokenizer, add_special_tokens, tools)
     return await asyncio.get_running_loop().run_in_executor(
-        None, wire.tokenize, msg, tokenizer, add_special_tokens)
+        None, wire.tokenize, msg, tokenizer, add_special_tokens, tools)

@@ -17,12 +17,14 @@ from batchwire.v1 import generate_pb2, generate_pb2_grpc
 from scheduler_svc.core.errors import InvalidRequestError, RequestIdInUseError
 from scheduler_svc.core.parallel_sampling import child_params, child_request_id
 from scheduler_svc.core.sampling_params import SamplingParams
+from scheduler_svc.core.tool_calls import read_reply
 from scheduler_svc.engine.async_engine import RequestStream
 from scheduler_svc.service import generation_request, parallel_sampling, wire
 from scheduler_svc.service.embed import embed
 from scheduler_svc.service.generation_request import GenerationRequest
 from scheduler_svc.service.loaded_model import LoadedModel
 from scheduler_svc.service.status_codes import NotReadyError, abort_with
+from scheduler_svc.service.tool_wire import tool_calls_pb
 
 SERVICE_NAME = generate_pb2.DESCRIPTOR.services_by_name["Generation"].full_name
 
@@ -58,11 +60,18 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             await abort_with(context, e)
         try:
             echo = request.echo
+            texts: dict[int, list[str]] = {}  # with tools: each sequence's text so far
             async for out in parallel_sampling.responses(request.request_id, streams,
                                                          request.continuous_usage):
                 if echo:
                     wire.add_echo(out, request.prompt_as_run, self._loaded().tokenizer)
                     echo = False
+                if request.reads_tool_calls:
+                    assert request.tools is not None
+                    texts.setdefault(out.index, []).append(out.text)
+                    if out.HasField("finish_reason"):
+                        reply = read_reply(request.tools, "".join(texts.pop(out.index)))
+                        out.tool_calls.extend(tool_calls_pb(reply.calls))
                 yield out
         except Exception as e:  # the engine died mid-stream: a status, never text in a message
             await abort_with(context, e)

@@ -9,6 +9,7 @@ from typing import Any
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.generation_config import GenerationConfig
+from scheduler_svc.core.tool_calls import ToolCallFormat
 from scheduler_svc.engine.async_engine import AsyncEngine
 
 
@@ -37,3 +38,6 @@ class LoadedModel:
     # The defaults of a request's unset sampling fields (the model's generation config).
     generation_config: GenerationConfig = GenerationConfig({}, "none")
     weights: str = ""  # how the weights are stored and served, for GetModelInfo
+    # The syntax tool_choice "auto" reads the model's calls in (--tool-call-parser, else the
+    # chat template's); None: auto is refused.
+    tool_format: ToolCallFormat | None = None

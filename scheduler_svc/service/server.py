@@ -38,6 +38,7 @@ from scheduler_svc.core.generation_config import GenerationConfig, load_generati
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.tokenizer import load_tokenizer
+from scheduler_svc.core.tool_calls import choose_format
 from scheduler_svc.engine.async_engine import AsyncEngine
 from scheduler_svc.engine.replicas import Replica, ReplicatedEngine
 from scheduler_svc.executors.base import Executor
@@ -196,7 +197,9 @@ def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine,
         transport=first.executor.transport or "uni", workers=workers,
         task=first.scheduler.task, pooling_type=info.pooling_type, hidden_size=info.hidden_size,
         max_prompt_chars=scheduler.max_model_len * longest_token_chars(tokenizer),
-        generation_config=generation, weights=describe_weights(core.config.model, info.dtype))
+        generation_config=generation, weights=describe_weights(core.config.model, info.dtype),
+        tool_format=choose_format(core.config.tool_call_parser,
+                                  getattr(tokenizer, "chat_template", None)))
 
 
 async def warm_up(engine: AsyncEngine, tokenizer: Any, task: str = "generate",

@@ -17,6 +17,8 @@ from scheduler_svc.core.generation_config import GenerationConfig
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.structured_output import compiler_for
+from scheduler_svc.core.tool_calls import ToolPlan, tool_conversation
+from scheduler_svc.service.tool_wire import conversation
 
 # SamplingParams fields a client may set, all `optional` on the wire: unset = the model's
 # generation config where it has the field, else the dataclass default.
@@ -108,7 +110,11 @@ def prompt_chars(msg: Any) -> int:
     field = prompt_field(msg)
     if field == "text":
         return len(msg.text)
-    return sum(len(m.content) for m in msg.messages) if field == "messages" else 0
+    if field != "messages":
+        return 0
+    calls = sum(len(c.arguments) for m in msg.messages for c in m.tool_calls)
+    tools = sum(len(t.description) + len(t.parameters) for t in getattr(msg, "tools", ()))
+    return sum(len(m.content) for m in msg.messages) + calls + tools
 
 
 def longest_token_chars(tokenizer: Any) -> int:
@@ -127,15 +133,16 @@ def check_prompt_chars(msg: Any, max_chars: int, max_model_len: int) -> None:
                                   f"{max_chars} characters (send token_ids to truncate)")
 
 
-def tokenize(msg: Any, tokenizer: Any, add_special_tokens: bool | None = None
-             ) -> tuple[str, list[int]]:
-    """(the prompt field the request set, its token ids); nothing checked against the model."""
+def tokenize(msg: Any, tokenizer: Any, add_special_tokens: bool | None = None,
+             tools: ToolPlan | None = None) -> tuple[str, list[int]]:
+    """(the prompt field the request set, its token ids); nothing checked against the model.
+    `tools`: what a chat prompt shows of them, and the syntax earlier calls are written in."""
     field = prompt_field(msg)
     if field == "text":
         kwargs = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
         return field, list(tokenizer(msg.text, **kwargs).input_ids)
     if field == "messages":
-        return field, chat_token_ids(tokenizer, msg.messages)
+        return field, chat_token_ids(tokenizer, msg.messages, tools)
     return field, list(msg.token_ids)
 
 
@@ -160,11 +167,11 @@ def admission_error(error: InvalidRequestError, prompt: str) -> InvalidRequestEr
     return InvalidRequestError(f"sampling.{error.field}", error.message)
 
 
-def chat_token_ids(tokenizer: Any, messages: Any) -> list[int]:
-    for i, m in enumerate(messages):
-        if not m.role:
-            raise InvalidRequestError(f"messages[{i}].role", "must not be empty")
-    return chat_prompt_ids(tokenizer, [{"role": m.role, "content": m.content} for m in messages])
+def chat_token_ids(tokenizer: Any, messages: Any, tools: ToolPlan | None = None) -> list[int]:
+    turns, template_tools = tool_conversation(
+        conversation(messages), tools.tools if tools else [], tools.fmt if tools else None,
+        getattr(tokenizer, "chat_template", None))
+    return chat_prompt_ids(tokenizer, turns, tools=template_tools)
 
 
 def compile_constraint(params: SamplingParams, tokenizer: Any, vocab_size: int) -> None:

@@ -19,7 +19,8 @@ from schemathesis import GenerationMode
 pytestmark = pytest.mark.slow
 
 EXAMPLES = 40
-CAPS = {"max_tokens": 3, "max_completion_tokens": 3, "n": 2, "min_tokens": 2}
+CAPS = {"max_tokens": 3, "max_completion_tokens": 3, "max_output_tokens": 3, "n": 2,
+        "min_tokens": 2}
 
 
 def _bound(case) -> None:

@@ -79,6 +79,13 @@ CASES = [
      "repetition_penalty"),
     ("/v1/chat/completions", '{"messages": [{"role": "user", "content": "hi"}], '
      '"logit_bias": {"5": -1e400}}', "logit_bias.5"),
+    ("/v1/responses", '{"input": "a\\ud800"}', "input"),
+    ("/v1/responses", f'{{"input": "hi", "max_output_tokens": {2**80}}}', "max_output_tokens"),
+    ("/v1/responses", '{"input": [{"type": "function_call", "name": "f"}]}', "input[0].call_id"),
+    ("/v1/responses", '{"input": "hi", "previous_response_id": "resp_x"}',
+     "previous_response_id"),
+    ("/v1/responses", '{"input": "hi", "tools": [{"type": "function", "name": "f"}, '
+     '{"type": "function", "name": "f"}]}', "tools[1].name"),
 ]
 
 

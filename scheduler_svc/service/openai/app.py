@@ -31,6 +31,9 @@ from scheduler_svc.service.openai.protocol import (
     EmbeddingRequest,
     TokenizeRequest,
 )
+from scheduler_svc.service.openai.responses_api import create as responses_api
+from scheduler_svc.service.openai.responses_api.request import ResponsesRequest
+from scheduler_svc.service.openai.responses_api.store import ResponseStore
 
 _bearer = HTTPBearer(auto_error=False, description="a key from the server's --api-key-file")
 
@@ -74,6 +77,7 @@ def build_app(front: FrontContext) -> FastAPI:
     app = FastAPI(title="batchwire", version=front.version,
                   description="OpenAI-compatible HTTP API of a batchwire scheduler")
     app.state.front = front
+    app.state.responses = ResponseStore()  # previous_response_id's conversations
     errors.install(app)
     api = APIRouter(dependencies=[Depends(authorize)], responses=ERRORS,
                     route_class=BoundedRoute)
@@ -98,6 +102,12 @@ def build_app(front: FrontContext) -> FastAPI:
               operation_id="create_chat_completion")
     async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
         return await chat.create(body, request, generating(context(request)))
+
+    @api.post("/v1/responses", responses={200: {"content": {"text/event-stream": {}}}},
+              operation_id="create_response")
+    async def create_response(body: ResponsesRequest, request: Request) -> Response:
+        return await responses_api.create(body, request, generating(context(request)),
+                                          request.app.state.responses)
 
     @api.post("/v1/embeddings", response_model=responses.EmbeddingResponse)
     async def create_embedding(body: EmbeddingRequest, request: Request) -> JSONResponse:

@@ -3,7 +3,9 @@ renders `messages`), n choices, logprobs, response_format and tool calls.
 
 Without max_tokens (or max_completion_tokens, which wins) a reply may use the rest of the
 context, as vLLM allows. A stream opens each choice with its role, then sends content deltas;
-the last chunk of a choice carries its finish_reason.
+the last chunk of a choice carries its finish_reason. Under tool_choice "auto" a choice's text
+goes through a ToolCallStream: plain text as content deltas, each call as its id and name, then
+its argument fragments; a constrained call is sent whole at the end.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from scheduler_svc.core.errors import InvalidRequestError
+from scheduler_svc.core.tool_calls import ToolPlan, read_reply
 from scheduler_svc.service.generation_request import prompt_token_ids
 from scheduler_svc.service.openai.context import Admitted, FrontContext
 from scheduler_svc.service.openai.logprobs import TokenText, chat_logprobs
@@ -26,14 +29,15 @@ from scheduler_svc.service.openai.protocol import ChatCompletionRequest, ChatMes
 from scheduler_svc.service.openai.sampling import put, sampling_message
 from scheduler_svc.service.openai.sse import EventStream, until_disconnected
 from scheduler_svc.service.openai.streams import UsageTotal, merged
-from scheduler_svc.service.openai.tools import ToolMode, tool_call, tool_mode
+from scheduler_svc.service.openai.tools import StreamedCalls, call_json, tool_plan
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
 
 
 def template_messages(messages: list[ChatMessage]) -> list[generate_pb2.ChatMessage]:
-    """OpenAI's messages as Generate's: text parts joined, tool calls written as their JSON."""
+    """OpenAI's messages as Generate's: text parts joined, an assistant's calls and a tool
+    result's call id kept (the template, or the tool-call format, writes them)."""
     out = []
     for i, m in enumerate(messages):
         role = ROLES.get(m.role)
@@ -48,19 +52,17 @@ def template_messages(messages: list[ChatMessage]) -> list[generate_pb2.ChatMess
             text = "\n".join(part.text or "" for part in m.content)
         else:
             text = m.content or ""
-        for call in m.tool_calls or ():
-            try:
-                arguments: Any = json.loads(call.function.arguments)
-            except ValueError:
-                arguments = call.function.arguments
-            text += json.dumps({"name": call.function.name, "arguments": arguments})
-        out.append(generate_pb2.ChatMessage(role=role, content=text))
+        calls = [generate_pb2.ToolCall(id=c.id or "", name=c.function.name,
+                                       arguments=c.function.arguments)
+                 for c in m.tool_calls or ()]
+        out.append(generate_pb2.ChatMessage(role=role, content=text, tool_calls=calls,
+                                            tool_call_id=m.tool_call_id or ""))
     return out
 
 
-def _names(body: ChatCompletionRequest, tools: ToolMode | None) -> dict[str, str]:
+def _names(body: ChatCompletionRequest, tools: ToolPlan) -> dict[str, str]:
     names = {"token_ids": "messages", "logprobs": "top_logprobs",
-             "json_schema": "tools" if tools else "response_format",
+             "json_schema": "tools" if tools.constrained else "response_format",
              "json_object": "response_format"}
     if body.max_completion_tokens is not None:
         names["max_tokens"] = "max_completion_tokens"
@@ -74,9 +76,9 @@ async def create(body: ChatCompletionRequest, request: Request, ctx: FrontContex
         raise InvalidRequestError("messages", "no message given")
     if body.top_logprobs is not None and not body.logprobs:
         raise InvalidRequestError("top_logprobs", "needs logprobs: true")
-    tools = tool_mode(body)
+    tools = tool_plan(body, m.tool_format)
     ids = await prompt_token_ids(
-        generate_pb2.GenerateRequest(messages=template_messages(body.messages)), m)
+        generate_pb2.GenerateRequest(messages=template_messages(body.messages)), m, tools)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None \
         else body.max_tokens
     if max_tokens is None:  # the rest of the context
@@ -85,7 +87,7 @@ async def create(body: ChatCompletionRequest, request: Request, ctx: FrontContex
         max_tokens = max(m.max_model_len - run, 1)  # too long a prompt: admission says so
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     sampling = sampling_message(body, max_tokens, logprobs)
-    if tools is not None:
+    if tools.schema is not None:
         put(sampling, "json_schema", json.dumps(tools.schema), "tools")
     base = f"chatcmpl-{uuid.uuid4().hex}"
     admitted = await ctx.admit(base, ids, sampling, _names(body, tools), body.priority,
@@ -107,7 +109,7 @@ async def create(body: ChatCompletionRequest, request: Request, ctx: FrontContex
 class _Reply:
     """How each choice's messages become OpenAI's: text, logprobs, tool calls."""
 
-    def __init__(self, text_of: TokenText, top: int | None, tools: ToolMode | None) -> None:
+    def __init__(self, text_of: TokenText, top: int | None, tools: ToolPlan) -> None:
         self.text_of, self.top, self.tools = text_of, top, tools
 
     def logprobs(self, msg: generate_pb2.GenerateResponse) -> list[dict[str, Any]]:
@@ -115,10 +117,11 @@ class _Reply:
 
     def finish(self, text: str, reason: str) -> tuple[dict[str, Any], str]:
         """(the message's content or tool calls, the finish reason)."""
-        call = tool_call(self.tools, text) if self.tools is not None else None
-        if call is None:
+        reply = read_reply(self.tools, text)
+        if not reply.calls:
             return {"content": text}, reason
-        return {"content": None, "tool_calls": [call]}, "tool_calls"
+        return ({"content": reply.content, "tool_calls": [call_json(c) for c in reply.calls]},
+                "tool_calls")
 
 
 async def _collect(admitted: Admitted, state: _Reply, usage: UsageTotal
@@ -148,7 +151,8 @@ async def _chunks(admitted: Admitted, head: dict[str, Any], state: _Reply, usage
     include_usage = options is not None and options.include_usage
     continuous = options is not None and options.continuous_usage_stats
     opened: set[int] = set()
-    held: dict[int, list[str]] = {}  # a tool call's text, sent whole at its end
+    held: dict[int, list[str]] = {}  # a constrained call's text, sent whole at its end
+    calls = StreamedCalls(state.tools.fmt) if state.tools.parses else None
 
     def chunk(index: int, delta: dict[str, Any], logprobs: Any = None,
               reason: str | None = None) -> dict[str, Any]:
@@ -168,7 +172,13 @@ async def _chunks(admitted: Admitted, head: dict[str, Any], state: _Reply, usage
             yield chunk(i, {"role": "assistant", "content": ""})
         lp = {"content": state.logprobs(msg)} if state.top is not None else None
         finished = msg.HasField("finish_reason")
-        if state.tools is not None:
+        if calls is not None:
+            delta: dict[str, Any] = calls.delta(i, msg.text, finished)
+            reason = calls.finish_reason(i, msg.finish_reason) if finished else None
+            if delta or finished or (lp is not None and lp["content"]):
+                yield chunk(i, delta, lp, reason)
+            continue
+        if state.tools.constrained:
             held.setdefault(i, []).append(msg.text)
             if finished:
                 content, reason = state.finish("".join(held.pop(i)), msg.finish_reason)

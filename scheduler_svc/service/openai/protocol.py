@@ -141,7 +141,9 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Int32 | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = Field(None, description="accepted; one call is made")
+    parallel_tool_calls: StrictBool | None = Field(None, description="accepted and ignored: "
+                                                   "under auto the model may make several "
+                                                   "calls, a constrained call is one")
 
 
 class EmbeddingRequest(_Body):

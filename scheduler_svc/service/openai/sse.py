@@ -41,9 +41,10 @@ class EventStream(StreamingResponse):
     for the client's disconnect while it streams (ASGI < 2.4, as uvicorn speaks) and cancels
     the stream, which lands in release() too."""
 
-    def __init__(self, events: AsyncIterator[dict[str, Any]], release: Callable[[], None]
+    def __init__(self, events: AsyncIterator[dict[str, Any]], release: Callable[[], None],
+                 frame: Callable[[AsyncIterator[dict[str, Any]]], AsyncIterator[str]] = framed
                  ) -> None:
-        super().__init__(framed(events), media_type="text/event-stream",
+        super().__init__(frame(events), media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._release = release
 

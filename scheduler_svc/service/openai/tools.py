@@ -1,73 +1,85 @@
-"""Tool calls through the structured-output path: with `tool_choice: "required"` the output is
-constrained to `{"name": <one of the tools>, "arguments": <that tool's parameters>}`; with a
-named function, to that function's parameters. The JSON is returned as one tool call.
-
-`tool_choice: "auto"` (OpenAI's default when tools are given) would need a parser for the
-model's own tool-call syntax, which this server has not; it is refused, saying so.
-"""
+"""A chat request's tools and tool_choice as a ToolPlan (core/tool_calls/choice.py says what
+each choice does), and the replies' calls in OpenAI's shapes: whole, or as stream deltas."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import uuid
 from typing import Any
 
+from scheduler_svc.core.tool_calls import (
+    CallDelta,
+    Deltas,
+    ToolCall,
+    ToolCallFormat,
+    ToolCallStream,
+    ToolPlan,
+    ToolSpec,
+)
+from scheduler_svc.core.tool_calls import plan_tools as plan
 from scheduler_svc.service.openai.errors import OpenAIError
-from scheduler_svc.service.openai.protocol import ChatCompletionRequest
-
-ANY_OBJECT: dict[str, Any] = {"type": "object"}
+from scheduler_svc.service.openai.protocol import ChatCompletionRequest, NamedToolChoice, Tool
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ToolMode:
-    schema: dict[str, Any]  # what the output must match
-    function: str | None  # the named function; None: the output names it
+def specs(tools: list[Tool] | None) -> list[ToolSpec]:
+    return [ToolSpec(t.function.name, t.function.description, t.function.parameters)
+            for t in tools or ()]
 
 
-def tool_mode(body: ChatCompletionRequest) -> ToolMode | None:
-    choice = body.tool_choice
-    if not body.tools:
-        if choice not in (None, "none"):
-            raise OpenAIError(400, "tool_choice: given without tools", "tool_choice")
-        return None
-    if choice == "none":
-        return None
-    if body.response_format is not None and body.response_format.type != "text":
+def choice_of(choice: str | NamedToolChoice | None) -> tuple[str | None, str | None]:
+    """(the choice, the function it names)."""
+    if isinstance(choice, NamedToolChoice):
+        return "function", choice.function.name
+    return choice, None
+
+
+def tool_plan(body: ChatCompletionRequest, fmt: ToolCallFormat | None) -> ToolPlan:
+    choice, function = choice_of(body.tool_choice)
+    tools = plan(specs(body.tools), choice, function, fmt)
+    if tools.constrained and body.response_format is not None \
+            and body.response_format.type != "text":
         raise OpenAIError(400, "response_format: cannot be combined with a tool call",
                           "response_format")
-    functions = {t.function.name: t.function for t in body.tools}
-    if choice is None or choice == "auto":
-        raise OpenAIError(400, "tool_choice: 'auto' (the default with tools) needs a parser "
-                          "for this model's own tool-call syntax, which this server does not "
-                          "have; send tool_choice 'required' or name a function, and the "
-                          "output is constrained to a call", "tool_choice")
-    if choice == "required":
-        calls = [{"type": "object", "properties": {"name": {"const": name},
-                                                   "arguments": f.parameters or ANY_OBJECT},
-                  "required": ["name", "arguments"], "additionalProperties": False}
-                 for name, f in functions.items()]
-        return ToolMode({"anyOf": calls} if len(calls) > 1 else calls[0], None)
-    assert not isinstance(choice, str)
-    name = choice.function.name
-    if name not in functions:
-        raise OpenAIError(400, f"tool_choice: function {name!r} is not among the tools "
-                          f"({', '.join(functions)})", "tool_choice")
-    return ToolMode(functions[name].parameters or ANY_OBJECT, name)
+    return tools
 
 
-def tool_call(mode: ToolMode, text: str) -> dict[str, Any] | None:
-    """The output as an OpenAI tool call, or None when it is not the JSON it was constrained to
-    be (cut short by max_tokens)."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if mode.function is not None:
-        name, arguments = mode.function, value
-    elif isinstance(value, dict) and "name" in value and "arguments" in value:
-        name, arguments = value["name"], value["arguments"]
-    else:
-        return None
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}}
+def call_json(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def delta_json(delta: CallDelta) -> dict[str, Any]:
+    """A streamed call's delta: the first carries its id and name, the rest argument text."""
+    if delta.name is None:
+        return {"index": delta.index, "function": {"arguments": delta.arguments}}
+    return {"index": delta.index, "id": delta.id, "type": "function",
+            "function": {"name": delta.name, "arguments": delta.arguments}}
+
+
+class StreamedCalls:
+    """Each choice's text read for calls as it streams (tool_choice auto), as chat deltas."""
+
+    def __init__(self, fmt: ToolCallFormat | None) -> None:
+        assert fmt is not None, "auto always has a format (plan_tools refuses it otherwise)"
+        self.fmt = fmt
+        self.parsers: dict[int, ToolCallStream] = {}
+        self.called: set[int] = set()  # the choices that made a call
+
+    def deltas(self, index: int, text: str, finished: bool) -> Deltas:
+        parser = self.parsers.setdefault(index, ToolCallStream(self.fmt))
+        out = parser.feed(text)
+        if finished:
+            last = parser.finish()
+            out.text += last.text
+            out.calls += last.calls
+        if out.calls:
+            self.called.add(index)
+        return out
+
+    def delta(self, index: int, text: str, finished: bool) -> dict[str, Any]:
+        out = self.deltas(index, text, finished)
+        delta: dict[str, Any] = {"content": out.text} if out.text else {}
+        if out.calls:
+            delta["tool_calls"] = [delta_json(d) for d in out.calls]
+        return delta
+
+    def finish_reason(self, index: int, reason: str) -> str:
+        return "tool_calls" if index in self.called else reason
