@@ -1,8 +1,8 @@
 """A Generation client run on a test host (`python -m tests.hosts.client SPEC`): opens every
 stream the JSON spec lists at once, prints `streaming` when each has its first `ready_tokens`
 tokens, and at the end one JSON line per stream: its tokens, the time of each message
-(time.monotonic(), the clock the test reads too: namespaces share it), the finish reason or the
-error code.
+(time.monotonic(), the clock the test reads too: namespaces share it), the finish reason and how
+many messages carried one, or the error code.
 
 spec: {"address": "host:port", "tls_ca": path or null, "ready_tokens": int,
        "requests": [{"id", "prompt", "max_tokens"}]}; every request is greedy with ignore_eos.
@@ -30,7 +30,9 @@ def stream(stub, request: dict, result: dict, started: threading.Semaphore,
         for reply in stub.Generate(message, timeout=120):
             result["tokens"] += reply.token_ids
             result["times"].append(time.monotonic())
-            result["finish_reason"] = reply.finish_reason or None
+            if reply.finish_reason:
+                result["finish_reason"] = reply.finish_reason
+                result["finishes"] += 1
             if not announced and len(result["tokens"]) >= ready_tokens:
                 announced = True
                 started.release()
@@ -48,7 +50,7 @@ def main() -> None:
     else:
         channel = grpc.insecure_channel(spec["address"])
     stub = generate_pb2_grpc.GenerationStub(channel)
-    results = [dict(id=r["id"], tokens=[], times=[], finish_reason=None, error=None)
+    results = [dict(id=r["id"], tokens=[], times=[], finish_reason=None, finishes=0, error=None)
                for r in spec["requests"]]
     started = threading.Semaphore(0)
     threads = [threading.Thread(target=stream, args=(stub, r, out, started, spec["ready_tokens"]))

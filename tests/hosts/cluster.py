@@ -17,6 +17,9 @@ from tests.services.conftest import WORKER_ARGS
 from .netns import Host
 
 STARTUP_TIMEOUT_S = 120.0
+# Every host has a network stack of its own, so the default ports are free on each: the workers
+# can start with the scheduler's address before it is up (they retry registering).
+SCHEDULER_PORT = 50051
 # The scheduler's limits match the workers' (WORKER_ARGS): the two agree on the KV cache.
 SCHEDULER_ARGS = ("--dtype", "float32", "--kv-cache-memory", "8M", "--block-size", "16",
                   "--max-num-seqs", "16", "--max-model-len", "512",
@@ -50,9 +53,14 @@ class HostProcess:
 def start_scheduler(host: Host, model: str, folder: Path, *extra: str) -> HostProcess:
     ready = folder / "scheduler.ready.json"
     argv = [sys.executable, "-m", "scheduler_svc.cli", "scheduler", "--model", model,
-            *SCHEDULER_ARGS, "--host", host.address, "--port", "0", "--no-metrics", "--no-http",
+            *SCHEDULER_ARGS, "--host", host.address, "--port", str(SCHEDULER_PORT), "--no-metrics",
+            "--no-http",
             "--ready-file", str(ready), "--no-progress", "--log-level", "INFO", *extra]
     return HostProcess(host, "scheduler", argv, folder, ready)
+
+
+def scheduler_address(host: Host) -> str:
+    return f"{host.address}:{SCHEDULER_PORT}"
 
 
 def start_worker(host: Host, model: str, folder: Path, scheduler_address: str,
@@ -60,8 +68,8 @@ def start_worker(host: Host, model: str, folder: Path, scheduler_address: str,
     name = f"worker-{host.address}"
     ready = folder / f"{name}.ready.json"
     argv = [sys.executable, "-m", "worker_svc", "--model", model, *WORKER_ARGS,
-            "--host", "0.0.0.0", "--advertise-host", host.address, "--port", "0",
-            "--zmq-port", "0", "--metrics-port", "0", "--ready-file", str(ready),
+            "--host", "0.0.0.0", "--advertise-host", host.address, "--port", "50061",
+            "--zmq-port", "50062", "--metrics-port", "9091", "--ready-file", str(ready),
             "--scheduler-address", scheduler_address, "--log-level", "INFO", *extra]
     return HostProcess(host, name, argv, folder, ready)
 

@@ -1,9 +1,14 @@
 """The services on separate network stacks: a scheduler, two registering workers and the client,
-each on a test host of its own (tests/hosts/netns.py). Greedy tokens through the client API equal
-the in-process engine's, with TLS everywhere (names that match the advertised addresses) and the
-worker token."""
+each on a test host of its own (tests/hosts/netns.py), with TLS everywhere (certificates that name
+the advertised addresses) and the worker token. Greedy tokens through the client API equal the
+in-process engine's; a worker's link cut under load stalls no stream of the other worker, its
+own streams move and finish once with the same tokens, and the worker is back after the heal."""
 
 from __future__ import annotations
+
+import statistics
+import sys
+import time
 
 import pytest
 
@@ -12,9 +17,10 @@ from scheduler_svc.engine.engine_core import EngineCore
 from tests.deploy.certs import make_ca, make_cert
 from tests.services.conftest import scheduler_config
 
-from .cluster import Client, start_scheduler, start_worker
+from .cluster import Client, scheduler_address, start_scheduler, start_worker
 from .conftest import network
 
+HEARTBEAT_S = 0.5  # a cut worker is declared failed after about three missed heartbeats
 REQUESTS = [dict(id=f"r{i}", prompt=[(17 * i + 3 * j) % 500 + 3 for j in range(4 + 9 * i)],
                  max_tokens=24 + 8 * i) for i in range(4)]
 
@@ -33,45 +39,126 @@ def reference(model: str, requests: list[dict]) -> dict[str, list[int]]:
     return tokens
 
 
-@pytest.fixture(scope="module")
-def expected(tiny_llama_with_tokenizer) -> dict[str, list[int]]:
-    return reference(tiny_llama_with_tokenizer, REQUESTS)
-
-
-def test_greedy_tokens_across_four_hosts_with_tls_and_worker_token(
-        tiny_llama_with_tokenizer, expected, tmp_path):
-    model = tiny_llama_with_tokenizer
-    with network(4) as net:
-        sched_host, *worker_hosts, client_host = net.hosts
+class Cluster:
+    def __init__(self, net, folder, model: str) -> None:
+        self.net = net
+        sched_host, *self.worker_hosts, client_host = net.hosts
         ca = make_ca()
-        ca_file = tmp_path / "ca.crt"
+        ca_file = folder / "ca.crt"
         ca_file.write_bytes(ca.cert)
         # Each certificate names its host's address, the one its peers dial: the scheduler's
         # serves clients and registrations and is presented to the workers (mutual TLS).
-        scheduler_cert, scheduler_key = make_cert(
-            ca, "scheduler", (sched_host.address,), client=True).write(tmp_path, "scheduler")
-        token_file = tmp_path / "worker-token"
+        cert, key = make_cert(ca, "scheduler", (sched_host.address,), client=True).write(
+            folder, "scheduler")
+        token_file = folder / "worker-token"
         token_file.write_text("across-hosts-token\n")
-        scheduler = start_scheduler(
-            sched_host, model, tmp_path, "--transport", "grpc", "--tls-cert", scheduler_cert,
-            "--tls-key", scheduler_key, "--worker-tls-ca", str(ca_file), "--worker-tls-cert",
-            scheduler_cert, "--worker-tls-key", scheduler_key, "--worker-token-file",
-            str(token_file), "--worker-heartbeat-s", "0.5")
-        address = f"{sched_host.address}:{scheduler.wait_ready()['port']}"
-        workers = []
-        for host in worker_hosts:
-            cert, key = make_cert(ca, "worker", (host.address,)).write(tmp_path, host.address)
-            workers.append(start_worker(
-                host, model, tmp_path, address, "--tls-cert", cert, "--tls-key", key,
+        self.scheduler = start_scheduler(
+            sched_host, model, folder, "--transport", "grpc", "--tls-cert", cert, "--tls-key",
+            key, "--worker-tls-ca", str(ca_file), "--worker-tls-cert", cert, "--worker-tls-key",
+            key, "--worker-token-file", str(token_file), "--worker-heartbeat-s", str(HEARTBEAT_S))
+        address = scheduler_address(sched_host)
+        self.workers = []
+        for host in self.worker_hosts:
+            cert, key = make_cert(ca, "worker", (host.address,)).write(folder, host.address)
+            self.workers.append(start_worker(
+                host, model, folder, address, "--tls-cert", cert, "--tls-key", key,
                 "--tls-ca", str(ca_file), "--scheduler-tls-ca", str(ca_file),
                 "--worker-token-file", str(token_file), "--no-zmq"))
-        ports = [w.wait_ready()["ranks"][0]["grpc_port"] for w in workers]
-        client = Client(client_host, address, tls_ca=str(ca_file))
-        registered = client.wait_ready_workers(2, 60, scheduler)
-        # The scheduler dials what the workers advertised: their hosts' addresses.
-        assert sorted(registered) == sorted(f"{h.address}:{p}"
-                                            for h, p in zip(worker_hosts, ports, strict=True))
+        self.client = Client(client_host, address, tls_ca=str(ca_file))
 
-        results = client.run(REQUESTS)
-        assert {i: r["tokens"] for i, r in results.items()} == expected
-        assert {r["finish_reason"] for r in results.values()} == {"length"}
+    def wait_serving(self) -> list[str]:
+        self.scheduler.wait_ready()
+        for worker in self.workers:
+            worker.wait_ready()
+        return self.client.wait_ready_workers(2, 60, self.scheduler)
+
+    def scheduled_tokens(self, worker: int) -> float:
+        """The worker's count of tokens its forward passes computed (its /metrics), read from
+        the client host across the bridge."""
+        host, info = self.worker_hosts[worker], self.workers[worker].info
+        url = f"http://{host.address}:{info['ranks'][0]['metrics_port']}/metrics"
+        script = f"import urllib.request; print(urllib.request.urlopen({url!r}).read().decode())"
+        text = self.client.host.run([sys.executable, "-c", script]).stdout
+        (line,) = [x for x in text.splitlines()
+                   if x.startswith("batchwire_worker_scheduled_tokens_total")]
+        return float(line.split()[-1])
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_llama_with_tokenizer, tmp_path_factory):
+    with network(4) as net:
+        yield Cluster(net, tmp_path_factory.mktemp("across-hosts"), tiny_llama_with_tokenizer)
+
+
+def test_greedy_tokens_across_four_hosts_with_tls_and_worker_token(
+        cluster, tiny_llama_with_tokenizer):
+    expected = reference(tiny_llama_with_tokenizer, REQUESTS)  # while the services start
+    registered = cluster.wait_serving()
+    # The scheduler dials what the workers advertised: their hosts' addresses.
+    assert sorted(registered) == sorted(
+        f"{h.address}:{w.info['ranks'][0]['grpc_port']}"
+        for h, w in zip(cluster.worker_hosts, cluster.workers, strict=True))
+
+    results = cluster.client.run(REQUESTS)
+    assert {i: r["tokens"] for i, r in results.items()} == expected
+    assert {r["finish_reason"] for r in results.values()} == {"length"}
+
+
+STREAMS = [dict(id=f"s{i}", prompt=[(29 * i + 5 * j) % 500 + 3 for j in range(8)],
+                max_tokens=400) for i in range(8)]
+CUT_AFTER_TOKENS = 40  # each stream's own cadence before the cut, measured over this many
+
+
+def gaps(times: list[float]) -> list[float]:
+    return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
+def test_a_cut_worker_stalls_no_stream_of_the_other(cluster, tiny_llama_with_tokenizer):
+    expected = reference(tiny_llama_with_tokenizer, STREAMS)
+    cluster.wait_serving()
+    client, cut_host = cluster.client, cluster.worker_hosts[0]
+    process = client.start(STREAMS, ready_tokens=CUT_AFTER_TOKENS)  # 4 on each worker
+    client.wait_streaming(process)
+    cut_at = time.monotonic()
+    cut_host.cut()
+    try:
+        results = client.results(process)
+    finally:
+        cut_host.restore()
+    restored_at = time.monotonic()
+
+    # Every stream finished once, with the tokens of an undisturbed run: no gap, no duplicate.
+    assert {i: r["tokens"] for i, r in results.items()} == expected
+    assert {(r["finish_reason"], r["finishes"], r["error"]) for r in results.values()} == {
+        ("length", 1, None)}
+
+    figures = {}
+    for stream_id, r in results.items():
+        before = [t for t in r["times"] if t < cut_at]
+        after = [before[-1], *(t for t in r["times"] if t >= cut_at)]
+        assert after[1:], f"{stream_id} finished before the cut: streams too short"
+        usual = gaps(before)
+        figures[stream_id] = (statistics.median(usual), max(usual), max(gaps(after)),
+                              next(t for t, g in zip(after[1:], gaps(after), strict=True)
+                                   if g == max(gaps(after))) - cut_at)
+    # The cut worker's streams waited for its failure to be noticed (missed heartbeats), then
+    # moved; the other worker's went on at their own pace: worst gap after the cut at most twice
+    # their usual (median) gap plus one step, the longest step each took before the cut.
+    moved = {i for i, (_, _, worst, _) in figures.items() if worst > 2 * HEARTBEAT_S}
+    kept = {i for i, (median, longest, worst, _) in figures.items()
+            if worst <= 2 * median + longest}
+    report = "\n".join(f"{i}: median {m * 1e3:.1f} ms, longest before {lb * 1e3:.1f} ms, "
+                       f"worst after {w * 1e3:.1f} ms (ending {e:.2f} s after the cut)"
+                       for i, (m, lb, w, e) in sorted(figures.items()))
+    print(f"\n{report}")
+    assert len(moved) == 4 and kept == set(results) - moved, report
+
+    # The link back: the worker registers again and takes new requests.
+    before_tokens = cluster.scheduled_tokens(0)
+    client.wait_ready_workers(2, 30, cluster.scheduler)
+    back_after_s = time.monotonic() - restored_at
+    print(f"READY again {back_after_s:.2f} s after the link came back")
+    results = client.run(REQUESTS[:2])  # one each: the least loaded worker takes the next one
+    assert {i: r["tokens"] for i, r in results.items()} == {
+        i: reference(tiny_llama_with_tokenizer, REQUESTS[:2])[i] for i in results}
+    assert cluster.scheduled_tokens(0) > before_tokens
