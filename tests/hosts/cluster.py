@@ -46,8 +46,11 @@ class HostProcess:
         self.info = json.loads(self.ready_file.read_text())
         return self.info
 
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
     def log(self) -> str:
-        return self.log_path.read_text()[-5000:] if self.log_path.exists() else ""
+        return self.log_text()[-5000:]
 
 
 def start_scheduler(host: Host, model: str, folder: Path, *extra: str) -> HostProcess:

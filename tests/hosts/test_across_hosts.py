@@ -2,10 +2,12 @@
 each on a test host of its own (tests/hosts/netns.py), with TLS everywhere (certificates that name
 the advertised addresses) and the worker token. Greedy tokens through the client API equal the
 in-process engine's; a worker's link cut under load stalls no stream of the other worker, its
-own streams move and finish once with the same tokens, and the worker is back after the heal."""
+own streams move and finish once with the same tokens, and the worker is back after the heal; the
+scheduler's own link down and up within the grace period: every request finishes, unchanged."""
 
 from __future__ import annotations
 
+import re
 import statistics
 import sys
 import time
@@ -21,6 +23,7 @@ from .cluster import Client, scheduler_address, start_scheduler, start_worker
 from .conftest import network
 
 HEARTBEAT_S = 0.5  # a cut worker is declared failed after about three missed heartbeats
+GRACE_S = 10.0  # requests that lost every worker wait this long for one (--worker-grace-s)
 REQUESTS = [dict(id=f"r{i}", prompt=[(17 * i + 3 * j) % 500 + 3 for j in range(4 + 9 * i)],
                  max_tokens=24 + 8 * i) for i in range(4)]
 
@@ -55,7 +58,8 @@ class Cluster:
         self.scheduler = start_scheduler(
             sched_host, model, folder, "--transport", "grpc", "--tls-cert", cert, "--tls-key",
             key, "--worker-tls-ca", str(ca_file), "--worker-tls-cert", cert, "--worker-tls-key",
-            key, "--worker-token-file", str(token_file), "--worker-heartbeat-s", str(HEARTBEAT_S))
+            key, "--worker-token-file", str(token_file), "--worker-heartbeat-s", str(HEARTBEAT_S),
+            "--worker-grace-s", str(GRACE_S))
         address = scheduler_address(sched_host)
         self.workers = []
         for host in self.worker_hosts:
@@ -162,3 +166,38 @@ def test_a_cut_worker_stalls_no_stream_of_the_other(cluster, tiny_llama_with_tok
     assert {i: r["tokens"] for i, r in results.items()} == {
         i: reference(tiny_llama_with_tokenizer, REQUESTS[:2])[i] for i in results}
     assert cluster.scheduled_tokens(0) > before_tokens
+
+
+# What the scheduler logs when it takes out a failed replica (engine/replicas.py _remove).
+REPLICA_FAILED = re.compile(r"replica \S+ failed: \d+ request")
+
+
+def test_the_schedulers_link_down_and_up_within_the_grace_period(cluster,
+                                                                  tiny_llama_with_tokenizer):
+    streams = STREAMS[:4]
+    expected = reference(tiny_llama_with_tokenizer, streams)
+    cluster.wait_serving()
+    client, scheduler = cluster.client, cluster.scheduler
+    sched_host = scheduler.host
+    failures = len(REPLICA_FAILED.findall(scheduler.log_text()))
+    process = client.start(streams, ready_tokens=CUT_AFTER_TOKENS)
+    client.wait_streaming(process)
+    cut_at = time.monotonic()
+    sched_host.cut()  # the scheduler loses its workers and its client at once
+    try:
+        deadline = cut_at + GRACE_S / 2
+        while len(REPLICA_FAILED.findall(scheduler.log_text())) < failures + 2:
+            assert time.monotonic() < deadline, f"both workers not failed:\n{scheduler.log()}"
+            time.sleep(0.05)
+        noticed_s = time.monotonic() - cut_at
+    finally:
+        sched_host.restore()
+    restored_at = time.monotonic()
+    results = client.results(process)
+    print(f"\nboth workers declared failed {noticed_s:.2f} s after the scheduler's link went "
+          f"down; streams went on {max(max(gaps(r['times'])) for r in results.values()):.2f} s "
+          "after it")
+    assert {i: r["tokens"] for i, r in results.items()} == expected
+    assert {(r["finish_reason"], r["finishes"], r["error"]) for r in results.values()} == {
+        ("length", 1, None)}
+    assert all(max(r["times"]) > restored_at for r in results.values()), "no stream waited"
