@@ -30,11 +30,11 @@ class HostProcess:
     """A service on a test host, with its log and the JSON its --ready-file got."""
 
     def __init__(self, host: Host, name: str, argv: list[str], folder: Path,
-                 ready_file: Path) -> None:
+                 ready_file: Path, env: dict[str, str] | None = None) -> None:
         self.host, self.name, self.ready_file = host, name, ready_file
         self.log_path = folder / f"{name}.log"
         self.process = host.popen(argv, log=self.log_path, cwd=REPO,
-                                  env={"OMP_NUM_THREADS": "1"})
+                                  env={"OMP_NUM_THREADS": "1", **(env or {})})
         self.info: dict = {}
 
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> dict:

@@ -73,10 +73,11 @@ class Host:
         self.processes.append(process)
         return process
 
-    def run(self, argv: Sequence[str], timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    def run(self, argv: Sequence[str], timeout_s: float = 60.0,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
         """Runs argv inside this host to its end; raises on a failure, with its output."""
         result = subprocess.run(self.command(argv), capture_output=True, text=True,
-                                timeout=timeout_s, preexec_fn=_die_with_parent)
+                                timeout=timeout_s, preexec_fn=_die_with_parent, cwd=cwd)
         if result.returncode != 0:
             raise RuntimeError(f"{list(argv)} on {self.namespace} exited with "
                                f"{result.returncode}:\n{result.stdout}\n{result.stderr}")
