@@ -90,9 +90,9 @@ def wait_for_a_reply(replicas: Sequence[Replica], interrupted: Callable[[], bool
     for replica in replicas:
         reply = replica.awaited_reply()
         if reply is None:
-            if replica.core.has_requests() and replica.launched is None:
-                return  # this one launches now
-            continue
+            if replica.launched is not None or replica.core.has_requests():
+                return  # this one goes on now
+            continue  # idle
         replies.append(reply)
     if not replies:
         return
