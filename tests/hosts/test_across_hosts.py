@@ -2,11 +2,13 @@
 each on a test host of its own (tests/hosts/netns.py), with TLS everywhere (certificates that name
 the advertised addresses) and the worker token. Greedy tokens through the client API equal the
 in-process engine's; a worker's link cut under load stalls no stream of the other worker, its
-own streams move and finish once with the same tokens, and the worker is back after the heal; the
-scheduler's own link down and up within the grace period: every request finishes, unchanged."""
+own streams move and finish once with the same tokens, the cut worker frees its batch, and it is
+back after the heal; the scheduler's own link down and up within the grace period: every request
+finishes, unchanged."""
 
 from __future__ import annotations
 
+import datetime
 import re
 import statistics
 import sys
@@ -24,6 +26,10 @@ from .conftest import network
 
 HEARTBEAT_S = 0.5  # a cut worker is declared failed after about three missed heartbeats
 GRACE_S = 10.0  # requests that lost every worker wait this long for one (--worker-grace-s)
+# A worker that hears nothing from its scheduler this long frees its batch: longer than the
+# scheduler takes to declare it failed (3 heartbeats).
+SCHEDULER_LOST_S = 2.0
+FREED = "the batch freed, with its requests"  # the worker's log, then
 REQUESTS = [dict(id=f"r{i}", prompt=[(17 * i + 3 * j) % 500 + 3 for j in range(4 + 9 * i)],
                  max_tokens=24 + 8 * i) for i in range(4)]
 
@@ -67,7 +73,8 @@ class Cluster:
             self.workers.append(start_worker(
                 host, model, folder, address, "--tls-cert", cert, "--tls-key", key,
                 "--tls-ca", str(ca_file), "--scheduler-tls-ca", str(ca_file),
-                "--worker-token-file", str(token_file), "--no-zmq"))
+                "--worker-token-file", str(token_file), "--no-zmq",
+                "--scheduler-lost-s", str(SCHEDULER_LOST_S)))
         self.client = Client(client_host, address, tls_ca=str(ca_file))
 
     def wait_serving(self) -> list[str]:
@@ -113,6 +120,12 @@ STREAMS = [dict(id=f"s{i}", prompt=[(29 * i + 5 * j) % 500 + 3 for j in range(8)
 CUT_AFTER_TOKENS = 30  # each stream's own cadence before the cut, measured over this many
 
 
+def logged_at(line: str) -> float:
+    """The time a log line of the services was written (their logging's asctime, local time)."""
+    stamp = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
+
+
 def gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times, times[1:], strict=False)]
 
@@ -120,16 +133,26 @@ def gaps(times: list[float]) -> list[float]:
 def test_a_cut_worker_stalls_no_stream_of_the_other(cluster, tiny_llama_with_tokenizer):
     expected = reference(tiny_llama_with_tokenizer, STREAMS + REQUESTS[:2])
     cluster.wait_serving()
-    client, cut_host = cluster.client, cluster.worker_hosts[0]
+    client, cut_host, cut_worker = cluster.client, cluster.worker_hosts[0], cluster.workers[0]
+    freed_before = cut_worker.log_text().count(FREED)  # idle since the last test: freed too
     process = client.start(STREAMS, ready_tokens=CUT_AFTER_TOKENS)  # 4 on each worker
     client.wait_streaming(process)
-    cut_at = time.monotonic()
+    cut_at, cut_wall = time.monotonic(), time.time()
     cut_host.cut()
     try:
         results = client.results(process)
+        # Cut off, the worker gives up on its scheduler and frees the batch it was left with.
+        deadline = time.monotonic() + 5 * SCHEDULER_LOST_S
+        while cut_worker.log_text().count(FREED) == freed_before:
+            assert time.monotonic() < deadline, f"the batch not freed:\n{cut_worker.log()}"
+            time.sleep(0.05)
     finally:
         cut_host.restore()
     restored_at = time.monotonic()
+    line = [x for x in cut_worker.log_text().splitlines() if FREED in x][-1]
+    freed_after_s = logged_at(line) - cut_wall
+    print(f"\nthe cut worker freed its batch {freed_after_s:.2f} s after the cut")
+    assert SCHEDULER_LOST_S <= freed_after_s + 0.1  # its last call ended about at the cut
 
     # Every stream finished once, with the tokens of an undisturbed run: no gap, no duplicate.
     assert {i: r["tokens"] for i, r in results.items()} == {s["id"]: expected[s["id"]]
