@@ -16,13 +16,12 @@ import time
 
 import pytest
 
-from scheduler_svc.core.sampling_params import SamplingParams
-from scheduler_svc.engine.engine_core import EngineCore
 from tests.deploy.certs import make_ca, make_cert
 from tests.services.conftest import scheduler_config
 
 from .cluster import Client, scheduler_address, start_scheduler, start_worker
 from .conftest import network
+from .engine_script import greedy_tokens
 
 HEARTBEAT_S = 0.5  # a cut worker is declared failed after about three missed heartbeats
 GRACE_S = 10.0  # requests that lost every worker wait this long for one (--worker-grace-s)
@@ -36,16 +35,7 @@ REQUESTS = [dict(id=f"r{i}", prompt=[(17 * i + 3 * j) % 500 + 3 for j in range(4
 
 def reference(model: str, requests: list[dict]) -> dict[str, list[int]]:
     """Each request's greedy tokens from an undisturbed in-process engine."""
-    engine = EngineCore(scheduler_config(model))
-    for r in requests:
-        engine.add_request(r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"],
-                                                       ignore_eos=True), request_id=r["id"])
-    tokens: dict[str, list[int]] = {}
-    while engine.has_requests():
-        for out in engine.step():
-            tokens.setdefault(out.request_id, []).extend(out.new_token_ids)
-    engine.shutdown()
-    return tokens
+    return greedy_tokens(scheduler_config(model), requests)
 
 
 class Cluster:
