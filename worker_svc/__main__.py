@@ -56,6 +56,7 @@ def run_one(args: argparse.Namespace) -> int:
         health_port=int(args.health_port) if args.health_port is not None and rank == 0 else None,
         zmq=not args.no_zmq,
         parent_pid=args.parent_pid,
+        scheduler_lost_s=args.scheduler_lost_s,
         metrics_port=None
         if args.no_metrics
         else (args.metrics_port + rank if args.metrics_port else 0),

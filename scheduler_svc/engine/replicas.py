@@ -2,9 +2,11 @@
 a scheduler and so a KV block manager of its own.
 
 A new request goes to the least loaded replica (fewest unfinished requests; ties go to the one
-holding more of its prompt in its prefix cache). Each step, every replica with work launches its
-step before any replica's result is read (EngineCore's three step calls), so the replicas compute
-side by side.
+holding more of its prompt in its prefix cache). The replicas step independently (replica.py):
+each round of the loop makes, for every replica, the calls of its step whose worker replies are
+in, and waits only when no replica can go on, for whichever reply comes first. So the replicas
+compute side by side, and one whose worker is slow or cut off delays no other's tokens until its
+group is declared failed (missed heartbeats) and its requests move.
 
 Replicas come and go while the engine runs: attach() and detach() may be called from any thread
 (a registration RPC, a pod watch); like every command they go through the inbox and the engine
@@ -27,7 +29,6 @@ Apart from the inbox, not thread-safe: one thread adds, aborts and steps.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -52,8 +53,9 @@ from scheduler_svc.engine.commands import (
     refuse,
     take_on,
 )
-from scheduler_svc.engine.engine_core import EngineCore, StepInFlight
+from scheduler_svc.engine.engine_core import EngineCore
 from scheduler_svc.engine.parked import Parked, ParkedRequests
+from scheduler_svc.engine.replica import Replica, wait_for_a_reply
 from scheduler_svc.executors.base import Executor
 from scheduler_svc.executors.errors import WorkerUnavailableError
 
@@ -77,23 +79,6 @@ class NoReplicaError(WorkerUnavailableError):
         super().__init__(message)
         self.request_ids = list(request_ids)
         self.outputs = list(outputs)
-
-
-@dataclasses.dataclass(eq=False)
-class Replica:
-    replica_id: str
-    core: EngineCore
-    draining: bool = False
-    drain_deadline: float = float("inf")
-    left: Future | None = None  # resolved once the replica is gone, for whoever detached it
-
-    @property
-    def load(self) -> int:
-        return len(self.core.requests)
-
-    @property
-    def failed(self) -> bool:
-        return self.core.executor.failed
 
 
 class ReplicatedEngine:
@@ -189,8 +174,7 @@ class ReplicatedEngine:
         return bool(self.parked) or self._has_work()
 
     def _has_work(self) -> bool:
-        return not self.inbox.empty() or any(r.core.has_requests() or r.draining
-                                             for r in self.replicas)
+        return not self.inbox.empty() or any(r.busy() or r.draining for r in self.replicas)
 
     def get_num_unfinished_requests(self) -> int:
         return sum(r.load for r in self.replicas) + len(self.parked)
@@ -211,34 +195,11 @@ class ReplicatedEngine:
         self._place_parked()
         # A group whose watcher noticed a failure between steps goes before it is sent anything.
         failed = [r for r in self.replicas if r.failed]
-        launched: list[tuple[Replica, StepInFlight | None]] = []
-        for replica in self.replicas:
-            if replica in failed:
-                continue
+        stepping = [r for r in self.replicas if r not in failed]
+        wait_for_a_reply(stepping, interrupted=lambda: not self.inbox.empty())
+        for replica in stepping:
             try:
-                step = replica.core.launch_step()
-            except WorkerUnavailableError as e:
-                failed.append(self._log_failure(replica, e))
-                continue
-            if step is not None or replica.core.in_flight is not None:
-                launched.append((replica, step))
-        applied = []
-        for replica, step in launched:  # async: the step before's tokens, while these run
-            try:
-                outputs += replica.core.apply_in_flight()
-                applied.append((replica, step))
-            except WorkerUnavailableError as e:
-                failed.append(self._log_failure(replica, e))
-        sampled = []
-        for replica, step in applied:
-            try:
-                replica.core.sample_step(step)
-                sampled.append((replica, step))
-            except WorkerUnavailableError as e:
-                failed.append(self._log_failure(replica, e))
-        for replica, step in sampled:
-            try:
-                outputs += replica.core.finish_step(step)
+                outputs += replica.advance()
             except WorkerUnavailableError as e:
                 failed.append(self._log_failure(replica, e))
         lost = []
@@ -461,7 +422,7 @@ class ReplicatedEngine:
         lost = []
         now = time.monotonic()
         for replica in [r for r in self.replicas if r.draining]:
-            if replica.core.has_requests() and now < replica.drain_deadline:
+            if replica.busy() and now < replica.drain_deadline:
                 continue
             lost += self._remove(replica, reason="left")
         return lost

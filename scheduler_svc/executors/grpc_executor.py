@@ -66,6 +66,19 @@ class GrpcCall(Call):
         for future in self.futures:
             future.cancel()
 
+    def ready(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        for future in self.futures:
+            if future.done():
+                continue
+            try:
+                future.exception(timeout=max(0.0, deadline - time.monotonic()))
+            except grpc.FutureTimeoutError:
+                return False
+            except grpc.FutureCancelledError:
+                pass  # in: wait() says why
+        return True
+
 
 class GrpcExecutor(RemoteExecutor):
     transport = "grpc"

@@ -19,6 +19,7 @@ import abc
 import dataclasses
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -82,13 +83,25 @@ class Call(abc.ABC):
     def cancel(self) -> None:  # noqa: B027 - a transport may have nothing to cancel
         """Wakes a wait() blocked on this call, after the executor latched a failure."""
 
+    def ready(self, timeout_s: float) -> bool:
+        """Whether every rank has answered (wait() would not block), waiting up to timeout_s. A
+        transport that answers within _send is always ready."""
+        return True
+
 
 class ReplyFuture(Future):
-    """Resolved when someone asks: result() reads the replies in the asking thread."""
+    """Resolved when someone asks: result() reads the replies in the asking thread, and so does
+    wait_ready() once they are in."""
 
-    def __init__(self, resolve: Callable[[ReplyFuture], None]) -> None:
+    def __init__(self, resolve: Callable[[ReplyFuture], None],
+                 ready: Callable[[ReplyFuture, float], bool]) -> None:
         super().__init__()
         self._resolve = resolve
+        self._ready = ready
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Whether result() would return at once, waiting up to timeout_s for the replies."""
+        return self.done() or self._ready(self, timeout_s)
 
     def result(self, timeout: float | None = None) -> Any:
         if not self.done():
@@ -195,7 +208,7 @@ class RemoteExecutor(Executor):
                              f"has {sorted(WIRE_METHODS)}")
         self.check_alive()
         call = self._send(wire.name, wire.encode(args), not non_block and not self._pending)
-        future = ReplyFuture(self._resolve_through)
+        future = ReplyFuture(self._resolve_through, self._ready_through)
         with self._pending_lock:
             self._pending.append((call, future, wire, unique_reply_rank))
         return future if non_block else future.result()
@@ -227,18 +240,38 @@ class RemoteExecutor(Executor):
 
     def _resolve_through(self, target: ReplyFuture) -> None:
         """Reads replies in call order up to and including `target`'s."""
+        while not target.done() and self._resolve_first():
+            pass
+
+    def _ready_through(self, target: ReplyFuture, timeout_s: float) -> bool:
+        """Reads the replies that are in, in call order, up to and including `target`'s; whether
+        target's was among them. Waits up to timeout_s in all."""
+        deadline = time.monotonic() + timeout_s
         while not target.done():
             with self._pending_lock:
                 if not self._pending:
-                    return
-                call, future, wire, reply_rank = self._pending[0]
-            try:
-                future.set_result(self._result(call, wire, reply_rank))
-            except BaseException as e:  # the future carries it to whoever asks
-                future.set_exception(e)
-            with self._pending_lock:
-                if self._pending and self._pending[0][1] is future:
-                    self._pending.popleft()
+                    return target.done()  # shut down meanwhile: it holds the error
+                call = self._pending[0][0]
+            # A failed group's calls are "in": reading them raises at once.
+            if self._failure is None and not call.ready(max(0.0, deadline - time.monotonic())):
+                return False
+            self._resolve_first()
+        return True
+
+    def _resolve_first(self) -> bool:
+        """Reads the replies of the oldest call in flight; False when there is none."""
+        with self._pending_lock:
+            if not self._pending:
+                return False
+            call, future, wire, reply_rank = self._pending[0]
+        try:
+            future.set_result(self._result(call, wire, reply_rank))
+        except BaseException as e:  # the future carries it to whoever asks
+            future.set_exception(e)
+        with self._pending_lock:
+            if self._pending and self._pending[0][1] is future:
+                self._pending.popleft()
+        return True
 
     def _result(self, call: Call, wire: WireMethod, reply_rank: int | None) -> Any:
         self.check_alive()

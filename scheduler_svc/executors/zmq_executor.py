@@ -46,6 +46,16 @@ class ZmqCall(Call):
             outcomes.append(self._read(rank, frames))
         return outcomes
 
+    def ready(self, timeout_s: float) -> bool:
+        # A reply waits on every rank's socket (nothing of this call has been read yet); past
+        # the call's deadline wait() raises at once.
+        deadline = time.monotonic() + timeout_s
+        for sock in self.executor.sockets:
+            wait_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            if not sock.poll(wait_ms, zmq.POLLIN):
+                return time.monotonic() > self.deadline
+        return True
+
     def _read(self, rank: int, frames: list[bytes]) -> Outcome:
         address = self.executor.addresses[rank]
         if len(frames) != 2 or len(frames[0]) != 1:

@@ -135,6 +135,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="host:port of a scheduler to register with once serving",
     )
     net.add_argument(
+        "--scheduler-lost-s",
+        type=float,
+        default=env_default("scheduler_lost_s", 60.0),
+        help="free the batch (as Reset) when it holds requests and no call came from the "
+        "scheduler for this long: the scheduler lost this worker; longer than the scheduler "
+        "takes to notice a lost worker, 3 x its --worker-heartbeat-s (0 = never)",
+    )
+    net.add_argument(
         "--advertise-host",
         default=env_default("advertise_host", None),
         help="host the scheduler should dial (default: --host, or this machine's "

@@ -54,6 +54,9 @@ class ServeOptions:
     # Every Worker call must present this token (the scheduler's --worker-token-file);
     # None = any caller that reaches the ports, unless mutual TLS admits only the scheduler.
     token: WorkerToken | None = None
+    # Free the batch when it holds requests and no call came for this long (0 = never); longer
+    # than the scheduler takes to declare this worker failed (3 x --worker-heartbeat-s).
+    scheduler_lost_s: float = 60.0
 
 
 def write_ready_file(path: str, info: dict[str, Any]) -> None:
@@ -106,6 +109,10 @@ async def serve(
     if options.parent_pid is not None:
         orphan_watch = asyncio.ensure_future(_stop_when_orphaned(options.parent_pid, stop))
     model_thread = ThreadPoolExecutor(1, thread_name_prefix="model")
+    abandoned_watch = None
+    if options.scheduler_lost_s > 0:
+        abandoned_watch = asyncio.ensure_future(
+            _free_batch_when_abandoned(servicer, options.scheduler_lost_s, model_thread))
     grpc_server = GrpcWorkerServer(servicer, model_thread)
     grpc_port = await grpc_server.start(options.host, options.grpc_port, options.tls)
     health_port = None
@@ -156,6 +163,8 @@ async def serve(
         await stop.wait()
     finally:
         logger.info("rank %d: shutting down", config.rank)
+        if abandoned_watch is not None:
+            abandoned_watch.cancel()
         if registration is not None:
             # Still serving: the scheduler finishes or moves this group's requests first.
             await loop.run_in_executor(None, registration.deregister)
@@ -179,6 +188,21 @@ def _warn_if_open(options: ServeOptions) -> None:
         logger.warning("mutual TLS guards the gRPC port only: anyone who reaches ZMQ port on %s "
                        "can drive this worker; give --worker-token-file or --no-zmq",
                        options.host)
+
+
+async def _free_batch_when_abandoned(servicer: WorkerServicer, after_s: float,
+                                     model_thread: ThreadPoolExecutor) -> None:
+    """A worker cut off from its scheduler (or whose scheduler died) drops the scheduler's
+    requests and parked step instead of holding them until someone calls Reset."""
+    loop = asyncio.get_running_loop()
+    while True:
+        await asyncio.sleep(min(1.0, after_s / 4))
+        if await loop.run_in_executor(model_thread, servicer.free_if_abandoned, after_s):
+            # Also after the last requests finished: the scheduler names them finished only
+            # in its next step, and forgetting them is harmless (an unknown id finishes as well).
+            logger.info("no call from the scheduler for %g s: the batch freed, with its "
+                        "requests (finished, or left by a scheduler that lost this worker)",
+                        after_s)
 
 
 async def _stop_when_orphaned(parent_pid: int, stop: asyncio.Event, period_s: float = 1.0) -> None:

@@ -73,6 +73,9 @@ class WorkerServicer:
         # ExecuteModel answered with its output (nothing scheduled, a pooling step, a stage that
         # handed its hidden states on): a SampleTokens after it takes the no-parked-state branch.
         self._answered = False
+        # An ExecuteModel came since the last Reset: the batch may hold a scheduler's requests.
+        self._holding = False
+        self._last_call_end = time.monotonic()
         # Wire method -> (request type, handler taking the parsed request, returning a message).
         self.methods: dict[str, tuple[type[Message], Callable[[Any], Message]]] = {
             "GetInfo": (worker_pb2.GetInfoRequest, self._get_info),
@@ -134,6 +137,7 @@ class WorkerServicer:
                 message = refusal_message(message, e.req_ids)
             raise WorkerCallError(code, message) from e
         finally:
+            self._last_call_end = time.monotonic()
             self._lock.release()
             if self.metrics is not None:
                 self.metrics.observe(method, time.perf_counter() - start, request, ok)
@@ -150,6 +154,7 @@ class WorkerServicer:
                 "logits are still parked",
             )
         self._answered = False
+        self._holding = True
         output = self.worker.execute_model(so)
         if output is None:
             self._parked = True
@@ -178,8 +183,19 @@ class WorkerServicer:
 
     def _reset(self, _: worker_pb2.ResetRequest) -> worker_pb2.ResetResponse:
         self.worker.reset()
-        self._parked = self._answered = False
+        self._parked = self._answered = self._holding = False
         return worker_pb2.ResetResponse()
+
+    def free_if_abandoned(self, after_s: float) -> bool:
+        """Frees the batch, as Reset does, when it may hold requests and no call came for
+        after_s: the scheduler that sent them has lost this worker (a partition, a crash) and
+        resets it before any step should it come back. Whether it did."""
+        with self._lock:
+            idle_s = time.monotonic() - self._last_call_end
+            if not self._holding or self.worker is None or idle_s < after_s:
+                return False
+            self._reset(worker_pb2.ResetRequest())
+            return True
 
     def _shutdown(self, _: worker_pb2.ShutdownRequest) -> worker_pb2.ShutdownResponse:
         if self.on_shutdown is not None:
