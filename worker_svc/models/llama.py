@@ -138,7 +138,11 @@ class LlamaForCausalLM(nn.Module):
         self.plan = ShardPlan.build(cfg, self.tp)
         first, last = self.stage.is_first, self.stage.is_last
         # Vocabulary-parallel: each rank holds the rows of its slice of the vocabulary.
-        self.embed_tokens = nn.Embedding(self.plan.vocab_size, cfg.hidden_size) if first else None
+        # Given its (uninitialised) weight: the loader overwrites it, and Embedding's own random
+        # init on the meta device imports torch._dynamo, 1-2 s of every worker's start.
+        self.embed_tokens = nn.Embedding(
+            self.plan.vocab_size, cfg.hidden_size,
+            _weight=torch.empty(self.plan.vocab_size, cfg.hidden_size)) if first else None
         # Keyed by the model-wide layer index, so that parameter names are the checkpoint's on
         # every stage ("layers.17.mlp...").
         self.layers = nn.ModuleDict(
