@@ -37,3 +37,9 @@ class LoadedModel:
     # The defaults of a request's unset sampling fields (the model's generation config).
     generation_config: GenerationConfig = GenerationConfig({}, "none")
     weights: str = ""  # how the weights are stored and served, for GetModelInfo
+
+    def batch_invariant(self) -> bool:
+        """Whether every worker group now serving runs in batch-invariant mode: a request's
+        tokens do not depend on its neighbours only if no replica it may land on lets them."""
+        workers = self.workers()
+        return bool(workers) and all(w.batch_invariant for w in workers)
