@@ -13,6 +13,7 @@ gives each tile the same bits whatever the number of tiles.
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable
 
 import torch
@@ -63,7 +64,7 @@ def measure(dtype: torch.dtype) -> list[str]:
     for name, (k, n) in LINEARS.items():
         weight = (torch.randn(n, k) * 0.05).to(dtype)
         rows = torch.randn(64, k).to(dtype)
-        varying = varying_batch_sizes(lambda x, w=weight: F.linear(x, w), rows)
+        varying = varying_batch_sizes(functools.partial(F.linear, weight=weight), rows)
         lines.append(
             f"{dtype}  linear {name:8} [M,{k}]x[{k},{n}]: row 0 differs at {len(varying)}/63 "
             f"batch sizes {varying[:6]}{'...' if len(varying) > 6 else ''}; in a fixed "
