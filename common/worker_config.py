@@ -108,9 +108,8 @@ class WorkerConfig:
             "--pipeline-parallel-size", str(self.pipeline_parallel_size),
             "--task", self.task, "--pooling-type", self.pooling_type,
             "--normalize" if self.normalize else "--no-normalize",
+            "--batch-invariant" if self.batch_invariant else "--no-batch-invariant",
         ]
-        if self.batch_invariant:
-            argv.append("--batch-invariant")
         if self.model is not None:
             argv += ["--model", self.model]
         return argv

@@ -44,7 +44,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     model.add_argument(
         "--batch-invariant",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
         default=env_flag("batch_invariant"),
         help="each request's tokens and logprobs the same, bit for bit, whatever else runs "
         "beside it (fixed-shape matmuls and attention; slower)",
