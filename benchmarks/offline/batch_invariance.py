@@ -45,9 +45,10 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--requests", type=int, default=16, help="W64 prompts also run alone")
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")
+    parser.add_argument("--modes", default="off,on", help="batch-invariant mode off, on or both")
     args = parser.parse_args()
-    for batch_invariant in (False, True):
-        print(compare(batch_invariant, args.dtype, args.requests, args.max_tokens), flush=True)
+    for mode in args.modes.split(","):
+        print(compare(mode == "on", args.dtype, args.requests, args.max_tokens), flush=True)
 
 
 if __name__ == "__main__":
