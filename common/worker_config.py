@@ -39,6 +39,9 @@ class WorkerConfig:
     # what decoder embedding models use; it also needs no state across prefill chunks.
     pooling_type: str = "last"
     normalize: bool = True  # L2-normalise pooled vectors (cosine similarity = dot product)
+    # Each request's tokens and logprobs bit for bit independent of the rest of its batches,
+    # its prefill chunking and prefix-cache hits (worker_svc/batch_invariant), at a cost in speed.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -105,6 +108,7 @@ class WorkerConfig:
             "--pipeline-parallel-size", str(self.pipeline_parallel_size),
             "--task", self.task, "--pooling-type", self.pooling_type,
             "--normalize" if self.normalize else "--no-normalize",
+            "--batch-invariant" if self.batch_invariant else "--no-batch-invariant",
         ]
         if self.model is not None:
             argv += ["--model", self.model]

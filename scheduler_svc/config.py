@@ -44,6 +44,9 @@ class SchedulerConfig:
     task: str = "generate"
     pooling_type: str = "last"  # "last", "mean" or "cls" (embed only)
     normalize: bool = True  # L2-normalise embeddings unless a request says otherwise
+    # Workers it starts compute each request's tokens and logprobs bit for bit independently of
+    # the other requests, chunking and prefix-cache hits (worker_svc/batch_invariant); slower.
+    batch_invariant: bool = False
     worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
     worker_heartbeat_s: float = 1.0  # liveness probe period; 3 missed probes = a failed worker
     # How long requests wait for a worker replica when none is live (the last one died, froze or
@@ -187,4 +190,5 @@ class SchedulerConfig:
             task=self.task,
             pooling_type=self.pooling_type,
             normalize=self.normalize,
+            batch_invariant=self.batch_invariant,
         )

@@ -12,3 +12,8 @@ def async_setting(case: str, default: dict | None = None) -> dict:
     if "async" in words or "sync" in words:
         return {"async_scheduling": "async" in words}
     return dict(default or {})
+
+
+def mode_setting(case: str) -> dict:
+    """LLM keywords for a case's engine mode: `invariant` in its name runs batch-invariant."""
+    return {"batch_invariant": True} if "invariant" in case.split() else {}

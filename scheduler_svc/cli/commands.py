@@ -155,6 +155,11 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
     _option(g, "--pipeline-parallel-size", _DEFAULTS["pipeline_parallel_size"],
             "pipeline stages per worker group, each of --tensor-parallel-size processes",
             type=int)
+    g.add_argument("--batch-invariant", action="store_true",
+                   default=env_flag("--batch-invariant"),
+                   help="each request's tokens and logprobs the same, bit for bit, whatever else "
+                   "runs beside it (fixed-shape matmuls and attention in the workers it starts; "
+                   "slower) [BATCHWIRE_BATCH_INVARIANT]")
 
 
 def _add_server_options(p: argparse.ArgumentParser) -> None:
@@ -264,7 +269,7 @@ def _new_scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerCo
         seed=args.seed, enable_prefix_caching=not args.no_prefix_caching,
         enable_chunked_prefill=not args.no_chunked_prefill, task=args.task,
         pooling_type=args.pooling_type, normalize=args.normalize,
-        pipeline_parallel_size=args.pipeline_parallel_size,
+        batch_invariant=args.batch_invariant, pipeline_parallel_size=args.pipeline_parallel_size,
         generation_config=args.generation_config, tool_call_parser=args.tool_call_parser,
         async_scheduling=args.async_scheduling, worker_grace_s=args.worker_grace_s,
         **_speculative_config(args), **extra)

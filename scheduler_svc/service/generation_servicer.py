@@ -172,6 +172,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             info.workers.add(address="", state=_WORKER_STATES.WORKER_STATE_LOADING)
             return info
         stats = m.engine.stats
+        info.batch_invariant = m.batch_invariant()
         for w in m.workers():
             state = ("failed" if m.engine.dead is not None
                      else "draining" if self.draining else w.state)

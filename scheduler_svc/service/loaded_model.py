@@ -41,3 +41,9 @@ class LoadedModel:
     # The syntax tool_choice "auto" reads the model's calls in (--tool-call-parser, else the
     # chat template's); None: auto is refused.
     tool_format: ToolCallFormat | None = None
+
+    def batch_invariant(self) -> bool:
+        """Whether every worker group now serving runs in batch-invariant mode: a request's
+        tokens do not depend on its neighbours only if no replica it may land on lets them."""
+        workers = self.workers()
+        return bool(workers) and all(w.batch_invariant for w in workers)

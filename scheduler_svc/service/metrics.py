@@ -49,6 +49,9 @@ class SchedulerMetrics:
         self.preemptions = Counter("batchwire_num_preemptions",
                                    "Requests preempted (to be recomputed).", registry=r)
         self.steps = Counter("batchwire_engine_steps", "Engine steps run.", registry=r)
+        self.batch_invariant = Gauge("batchwire_batch_invariant", "1 when every worker replica "
+                                     "runs in batch-invariant mode (--batch-invariant).",
+                                     registry=r)
         self.refused = Counter("batchwire_refused_requests",
                                "Requests past admission that a worker refused (each failed "
                                "alone; the step went on without it).", registry=r)

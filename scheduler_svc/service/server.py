@@ -170,13 +170,15 @@ class WorkerView:
     state: str  # "ready", "draining" or "failed"
     device: str
     tensor_parallel_size: int
+    batch_invariant: bool  # started with --batch-invariant
 
 
 def _worker_view(replica: Replica) -> WorkerView:
     executor, info = replica.core.executor, replica.core.info
     addresses = executor.addresses or ["in-process"]
     state = "failed" if executor.failed else "draining" if replica.draining else "ready"
-    return WorkerView(",".join(addresses), state, info.device, info.tensor_parallel_size or 1)
+    return WorkerView(",".join(addresses), state, info.device, info.tensor_parallel_size or 1,
+                      info.batch_invariant)
 
 
 def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine,
@@ -299,6 +301,7 @@ class SchedulerServer:
         self.metrics.count_from(self.engine.stats)
         self.engine.observer = self.metrics
         self.metrics.model_name = model.model_name
+        self.metrics.batch_invariant.set_function(lambda: float(model.batch_invariant()))
         self.servicer.attach(model)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._print_usage(model)

@@ -64,3 +64,8 @@ def test_the_counters_start_from_the_stats_the_server_attaches_them_at():
     text = generate_latest(metrics.registry).decode()
     assert _value(text, r"^batchwire_engine_steps_total") == 2
     assert _value(text, r"^batchwire_prefix_cache_queries_total") == 0
+
+
+def test_batch_invariant_mode_is_reported_off_by_default(server):
+    assert not server.server_info().batch_invariant
+    assert re.search(r"^batchwire_batch_invariant 0\.0$", server.metrics(), re.M)

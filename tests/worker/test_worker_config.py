@@ -16,7 +16,8 @@ def test_the_argv_round_trip_gives_back_the_same_config():
     config = WorkerConfig(model="/models/x", dtype="float32", device="cpu", block_size=32,
                           kv_cache_memory_bytes=3 << 30, max_num_reqs=7, max_model_len=999,
                           max_num_batched_tokens=1234, max_logprobs=3, seed=42,
-                          attention_backend="torch", tensor_parallel_size=2)
+                          attention_backend="torch", tensor_parallel_size=2,
+                          batch_invariant=True)
     args = build_parser().parse_args(config.to_argv())
     back = worker_config(args, rank=0, init_method=config.distributed_init_method)
     assert back == config

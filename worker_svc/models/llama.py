@@ -8,6 +8,7 @@ first stage, the final norm and the LM head on the last.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -20,6 +21,11 @@ from worker_svc.models.forward_context import get_attention_metadata
 from worker_svc.models.rotary import cos_sin_cache
 from worker_svc.parallel.pipeline import IntermediateTensors, PipelineStage
 from worker_svc.parallel.tensor_parallel import ShardPlan, TensorParallel
+
+# (query, k_cache, v_cache, metadata, scale) -> attention output, as kernels.paged_attention
+AttendFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, kernels.AttentionMetadata, float], torch.Tensor
+]
 
 
 class RMSNorm(nn.Module):
@@ -60,6 +66,8 @@ class Attention(nn.Module):
         # Set once the cache is allocated: [num_blocks, block_size, kv_heads, head_dim].
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        # The attention kernel; batch-invariant mode swaps in its own (worker_svc/batch_invariant).
+        self.attend: AttendFn = kernels.paged_attention
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor
@@ -76,7 +84,7 @@ class Attention(nn.Module):
         assert self.k_cache is not None and self.v_cache is not None, "KV cache not allocated"
         metadata = get_attention_metadata()
         kernels.reshape_and_cache(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
-        out = kernels.paged_attention(q, self.k_cache, self.v_cache, metadata, self.scale)
+        out = self.attend(q, self.k_cache, self.v_cache, metadata, self.scale)
         return self.tp.all_reduce(self.o_proj(out.reshape(num_tokens, self.q_size)))
 
 

@@ -10,6 +10,7 @@ from batchwire.common.worker_config import WorkerConfig
 from batchwire.kernels.kv_cache import kv_cache_zeros
 from batchwire.v1 import worker_pb2
 
+from worker_svc.batch_invariant import enable as enable_batch_invariant
 from worker_svc.loaders.weights import load_model
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.parallel.tensor_parallel import init_distributed
@@ -65,6 +66,8 @@ class Worker:
             self.tp,
             (config.pp_rank, config.pipeline_parallel_size),
         )
+        if config.batch_invariant:
+            enable_batch_invariant(self.model)
         self.num_blocks = allocate_kv_cache(self.model, config)
         self.runner = ModelRunner(config, self.model, self.num_blocks)
         logger.info(
@@ -97,6 +100,7 @@ class Worker:
             pooling_type=self.config.pooling_type if self.config.task == "embed" else "",
             hidden_size=cfg.hidden_size,
             normalize=self.config.normalize,
+            batch_invariant=self.config.batch_invariant,
         )
 
     @property

@@ -42,6 +42,13 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         choices=("auto", "torch", "triton"),
         default=env_default("attention_backend", _DEFAULTS["attention_backend"]),
     )
+    model.add_argument(
+        "--batch-invariant",
+        action=argparse.BooleanOptionalAction,
+        default=env_flag("batch_invariant"),
+        help="each request's tokens and logprobs the same, bit for bit, whatever else runs "
+        "beside it (fixed-shape matmuls and attention; slower)",
+    )
     cache = p.add_argument_group("KV cache and batch")
     cache.add_argument(
         "--kv-cache-memory",
@@ -239,4 +246,5 @@ def worker_config(
         task=args.task,
         pooling_type=args.pooling_type,
         normalize=args.normalize,
+        batch_invariant=args.batch_invariant,
     )

@@ -329,7 +329,7 @@ class ServerLimits(_message.Message):
     def __init__(self, max_model_len: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., max_queued_requests: _Optional[int] = ..., max_logprobs: _Optional[int] = ..., max_message_bytes: _Optional[int] = ..., max_n: _Optional[int] = ..., max_stop_strings: _Optional[int] = ..., max_stop_chars: _Optional[int] = ..., max_token_ids: _Optional[int] = ...) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("version", "workers", "kv_blocks_total", "kv_blocks_used", "block_size", "num_running_requests", "num_waiting_requests", "limits", "transport", "draining", "speculative_decoding")
+    __slots__ = ("version", "workers", "kv_blocks_total", "kv_blocks_used", "block_size", "num_running_requests", "num_waiting_requests", "limits", "transport", "draining", "speculative_decoding", "batch_invariant")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WORKERS_FIELD_NUMBER: _ClassVar[int]
     KV_BLOCKS_TOTAL_FIELD_NUMBER: _ClassVar[int]
@@ -341,6 +341,7 @@ class GetServerInfoResponse(_message.Message):
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_DECODING_FIELD_NUMBER: _ClassVar[int]
+    BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     version: str
     workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
     kv_blocks_total: int
@@ -352,7 +353,8 @@ class GetServerInfoResponse(_message.Message):
     transport: str
     draining: bool
     speculative_decoding: SpeculativeDecodingInfo
-    def __init__(self, version: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., block_size: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., transport: _Optional[str] = ..., draining: bool = ..., speculative_decoding: _Optional[_Union[SpeculativeDecodingInfo, _Mapping]] = ...) -> None: ...
+    batch_invariant: bool
+    def __init__(self, version: _Optional[str] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., kv_blocks_total: _Optional[int] = ..., kv_blocks_used: _Optional[int] = ..., block_size: _Optional[int] = ..., num_running_requests: _Optional[int] = ..., num_waiting_requests: _Optional[int] = ..., limits: _Optional[_Union[ServerLimits, _Mapping]] = ..., transport: _Optional[str] = ..., draining: bool = ..., speculative_decoding: _Optional[_Union[SpeculativeDecodingInfo, _Mapping]] = ..., batch_invariant: bool = ...) -> None: ...
 
 class SpeculativeDecodingInfo(_message.Message):
     __slots__ = ("method", "num_speculative_tokens", "num_drafts", "num_draft_tokens", "num_accepted_tokens", "drafted_per_position", "accepted_per_position")
