@@ -69,9 +69,10 @@ run: $(RUN_STAMP) ## serve the embedded model on port 50051 (ARGS="--help" lists
 test: $(STAMP) ## the whole test suite
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25
 
-# Everything but the tests marked slow (those that load the real default model).
-test-fast: $(STAMP) ## the tests that do not load the default model
-	$(PY) -m pytest -q -m 'not slow'
+# Everything but the tests marked slow (tests/conftest.py: those that load the real default
+# model, start several processes, a cluster or a benchmark): a few minutes, for the edit-test loop.
+test-fast: $(STAMP) ## the suite less its slow tests (a few minutes)
+	$(PY) -m pytest -q -n 2 --dist loadfile -m 'not slow' --durations=10
 
 # Every benchmark (batchwire bench all): tables on the terminal, JSON and PNG in bench-results/.
 bench: $(STAMP) ## every benchmark: tables, JSON and PNG in bench-results/

@@ -138,3 +138,36 @@ def offline_llm(server_process, default_tokenizer):
 def server(server_process):
     server_process.wait_serving()
     return server_process
+
+
+# `make test-fast` runs the tests not marked slow: a few minutes on 2 cores. Slow are the tests
+# that load the real default model (through these fixtures, or a file below that picks it by
+# parameter) and the files whose tests each start several processes, a cluster or a benchmark
+# (tens of seconds each on a slow 2-core machine).
+DEFAULT_MODEL_FIXTURES = {"default_worker", "hf_default_model", "server_process", "server",
+                          "offline_llm", "e2e_llm"}
+SLOW_FILES = {
+    "benchmarks/test_bench_quick.py", "benchmarks/test_bench_hostile_http.py",
+    "benchmarks/test_bench_sigterm.py", "deploy/test_dev_cpu_overlay.py",
+    "deploy/test_worker_auth.py", "hosts/test_across_hosts.py", "hosts/test_tp_across_hosts.py",
+    "kernels/test_triton_interpret.py", "kernels/test_kernel_dispatch.py",
+    "services/test_async_scheduling.py", "services/test_async_spec_decode.py",
+    "services/test_batch_invariant_served.py", "services/test_executors.py",
+    "services/test_external_launcher.py", "services/test_pipeline_engine.py",
+    "services/test_pipeline_group.py", "services/test_ports_in_use.py", "services/test_ray.py",
+    "services/test_registration.py", "services/test_replicas.py",
+    "services/test_spec_decode_services.py", "services/test_worker_grace.py",
+    "services/test_worker_protocol.py", "scheduler/test_sampling_rules.py",
+    "worker/test_parity.py", "worker/test_pipeline_parallel.py", "worker/test_pooler.py",
+    "worker/test_spec_decode.py", "worker/test_tensor_parallel.py",
+}
+SLOW_TESTS = {"test_lint.py::test_mypy_passes"}
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = os.path.dirname(__file__)
+    for item in items:
+        path = os.path.relpath(str(item.path), tests)
+        if (path in SLOW_FILES or f"{path}::{item.name}" in SLOW_TESTS
+                or DEFAULT_MODEL_FIXTURES & set(item.fixturenames)):
+            item.add_marker(pytest.mark.slow)
