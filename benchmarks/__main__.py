@@ -51,20 +51,26 @@ BENCHMARKS = {
 MEASUREMENTS = [name for name in BENCHMARKS if name != "hostile-http"]
 
 
+def add_common_arguments(p: argparse.ArgumentParser) -> None:
+    """The options every benchmark takes. Added to each sub-parser on its own (not through a
+    shared parent parser): argparse shares a parent's option objects, so one benchmark's
+    set_defaults(dtype=...) once changed every benchmark's default."""
+    p.add_argument("--quick", action="store_true", help="a small workload on a tiny "
+                   "random-weight model: checks the code runs, says nothing about speed")
+    p.add_argument("--results", default="bench-results", help="folder for JSON and PNG "
+                   "files (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the "
+                   "median and spread are reported (default: %(default)s)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                   help="the model's dtype (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="torch threads, of this process and of every worker (default: "
+                   "%(default)s, the cores)")
+    p.add_argument("--model", help="checkpoint directory or .gguf file (default: the "
+                   "embedded SmolLM2-135M-Instruct)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--quick", action="store_true", help="a small workload on a tiny "
-                        "random-weight model: checks the code runs, says nothing about speed")
-    common.add_argument("--results", default="bench-results", help="folder for JSON and PNG "
-                        "files (default: %(default)s)")
-    common.add_argument("--repeats", type=int, default=3, help="runs of each measurement; the "
-                        "median and spread are reported (default: %(default)s)")
-    common.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    common.add_argument("--threads", type=int, default=os.cpu_count() or 1,
-                        help="torch threads, of this process and of every worker (default: "
-                        "%(default)s, the cores)")
-    common.add_argument("--model", help="checkpoint directory or .gguf file (default: the "
-                        "embedded SmolLM2-135M-Instruct)")
     # The first paragraph alone: the sub-command list below names each benchmark with its help.
     parser = argparse.ArgumentParser(prog="batchwire bench", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -72,11 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                                 title="benchmarks")
     for name in BENCHMARKS:
         module = _module(name)
-        p = sub.add_parser(name, parents=[common], help=BENCHMARKS[name][1],
-                           description=module.__doc__)
+        p = sub.add_parser(name, help=BENCHMARKS[name][1], description=module.__doc__)
+        add_common_arguments(p)
         module.add_arguments(p)
-    sub.add_parser("all", parents=[common], help="every benchmark but hostile-http, with its "
-                   "defaults")
+    every = sub.add_parser("all", help="every benchmark but hostile-http, with its defaults")
+    add_common_arguments(every)
     return parser
 
 
