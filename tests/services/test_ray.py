@@ -183,6 +183,22 @@ def test_serve_over_ray_places_its_replicas_and_answers(cluster, tiny_llama_with
     wait_until(lambda: not any(listening(a) for a in addresses), "the workers to stop", 30)
 
 
+def test_a_tensor_parallel_group_spans_two_nodes_and_matches(cluster, tiny_llama):
+    """P x T > 1 over Ray: a TP=2 group on nodes of one CPU each is placed across both (PACK
+    spans nodes when no node holds the group), its ranks meet over gloo between the nodes'
+    addresses, and its greedy tokens are the single in-process worker's."""
+    c, _ = cluster
+    prompts = [prompt for prompt, _ in WORKLOAD]
+    params = [greedy(max_tokens) for _, max_tokens in WORKLOAD]
+    expected = run(EngineCore(scheduler_config(tiny_llama)), prompts, params)
+    core = EngineCore(ray_config(tiny_llama, c.address, tensor_parallel_size=2))
+    executor = core.executor
+    assert len(set(executor.node_ids)) == 2, executor.node_ids
+    pids = list(executor.ray_group.pids)
+    assert run(core, prompts, params) == expected  # run() shuts the engine down
+    wait_until(lambda: all(gone(pid) for pid in pids), "the ranks to end", 30)
+
+
 def listening(address: str) -> bool:
     import socket
 
