@@ -97,6 +97,8 @@ class Worker:
             pooling_type=self.config.pooling_type if self.config.task == "embed" else "",
             hidden_size=cfg.hidden_size,
             normalize=self.config.normalize,
+            max_loras=self.config.max_loras,
+            max_lora_rank=self.config.max_lora_rank,
         )
 
     @property
