@@ -42,6 +42,11 @@ class SchedulerConfig:
     task: str = "generate"
     pooling_type: str = "last"  # "last", "mean" or "cls" (embed only)
     normalize: bool = True  # L2-normalise embeddings unless a request says otherwise
+    # LoRA adapters of a locally started group (the workers' --max-loras, --max-lora-rank,
+    # --max-cpu-loras): 0 slots serve none; remote workers report their own.
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 0
     worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
     worker_heartbeat_s: float = 1.0  # liveness probe period; 3 missed probes = a failed worker
     # How long requests wait for a worker replica when none is live (the last one died, froze or
@@ -179,4 +184,7 @@ class SchedulerConfig:
             task=self.task,
             pooling_type=self.pooling_type,
             normalize=self.normalize,
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
+            max_cpu_loras=self.max_cpu_loras,
         )

@@ -6,16 +6,14 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
-import transformers
 from batchwire.v1 import worker_pb2 as pb
 
-from tests.parity import assert_greedy_parity, hf_greedy
+from tests.lora_adapters import make_adapter, peft_greedy
+from tests.parity import assert_greedy_parity
 from tests.worker.conftest import tiny_worker
 from tests.worker.step_driver import StepDriver, greedy
 from worker_svc.batch.validation import InvalidStepError
 
-PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 RANKS = {1: 8, 2: 16, 3: 8, 4: 16}  # lora id -> rank
 PROMPTS = {
     "base": [(7 * i + 3) % 500 for i in range(19)],
@@ -25,20 +23,6 @@ PROMPTS = {
     "a4": [(5 * i + 4) % 500 for i in range(26)],
 }
 MAX_TOKENS = 10
-
-
-def make_adapter(base_path: str, directory, rank: int, seed: int) -> str:
-    """A random PEFT LoRA on every attention and MLP projection (B not zero, so it shows)."""
-    import peft
-
-    base = transformers.AutoModelForCausalLM.from_pretrained(base_path)
-    torch.manual_seed(seed)
-    config = peft.LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules=PROJECTIONS, init_lora_weights=False,
-        use_rslora=rank == 16,
-    )  # fmt: skip
-    peft.get_peft_model(base, config).save_pretrained(directory)
-    return str(directory)
 
 
 @pytest.fixture(scope="module")
@@ -53,16 +37,13 @@ def adapters(tiny_checkpoints, tmp_path_factory) -> dict[int, str]:
 @pytest.fixture(scope="module")
 def references(tiny_checkpoints, adapters) -> dict[str, tuple[object, list[int]]]:
     """req id -> (the transformers model, + PEFT adapter, it ran on; its greedy tokens)."""
-    import peft
-
     path = tiny_checkpoints["llama"]
-    refs = {}
-    for req_id, prompt in PROMPTS.items():
-        model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
-        if req_id != "base":
-            model = peft.PeftModel.from_pretrained(model, adapters[int(req_id[1])]).eval()
-        refs[req_id] = (model, hf_greedy(model, prompt, MAX_TOKENS))
-    return refs
+    return {
+        req_id: peft_greedy(
+            path, None if req_id == "base" else adapters[int(req_id[1])], prompt, MAX_TOKENS
+        )
+        for req_id, prompt in PROMPTS.items()
+    }
 
 
 def lora_ref(lora_id: int, adapters) -> pb.LoRAAdapterRef:
