@@ -47,6 +47,8 @@ class SchedulerConfig:
     max_loras: int = 0
     max_lora_rank: int = 16
     max_cpu_loras: int = 0
+    # Adapters a server loads at start (--lora-modules NAME=PATH): (name, PEFT folder) pairs.
+    lora_modules: tuple[tuple[str, str], ...] = ()
     worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
     worker_heartbeat_s: float = 1.0  # liveness probe period; 3 missed probes = a failed worker
     # How long requests wait for a worker replica when none is live (the last one died, froze or

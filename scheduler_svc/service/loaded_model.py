@@ -10,6 +10,7 @@ from typing import Any
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.generation_config import GenerationConfig
 from scheduler_svc.engine.async_engine import AsyncEngine
+from scheduler_svc.service.lora_adapters import LoRAAdapters
 
 
 @dataclasses.dataclass(slots=True)
@@ -37,3 +38,6 @@ class LoadedModel:
     # The defaults of a request's unset sampling fields (the model's generation config).
     generation_config: GenerationConfig = GenerationConfig({}, "none")
     weights: str = ""  # how the weights are stored and served, for GetModelInfo
+    # The LoRA adapters served by name: the one thing here that changes while serving (loads
+    # and unloads, on the event loop).
+    loras: LoRAAdapters = dataclasses.field(default_factory=lambda: LoRAAdapters(0, 1))

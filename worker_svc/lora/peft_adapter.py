@@ -1,17 +1,17 @@
 """A LoRA adapter in PEFT's format: adapter_config.json + adapter_model.safetensors in a folder.
 
-Read on the host in float32 and checked against the base model's shapes before any slot is
-touched, so a bad adapter is refused whole with the field or tensor at fault named.
+Read on the host in float32 and checked (common/lora_config.py, then the base model's shapes)
+before any slot is touched, so a bad adapter is refused whole with the field or tensor named.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 
 import torch
+from batchwire.common.lora_config import LoRAAdapterError, read_adapter_config
 from safetensors import safe_open
 
 from worker_svc.model_config import ModelConfig
@@ -22,10 +22,6 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 _TENSOR = re.compile(
     r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)\.lora_(A|B)(?:\.\w+)?\.weight"
 )
-
-
-class LoRAAdapterError(ValueError):
-    """The adapter at a path cannot be served by this model; the message names what is wrong."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -48,49 +44,11 @@ def projection_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
     }  # fmt: skip
 
 
-def read_adapter_config(path: str) -> dict:
-    """adapter_config.json of the folder at path, checked for what this server supports."""
-    file = os.path.join(path, "adapter_config.json")
-    if not os.path.isfile(file):
-        raise LoRAAdapterError(f"lora_path {path!r} has no adapter_config.json")
-    try:
-        with open(file) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise LoRAAdapterError(f"lora_path {path!r}: adapter_config.json is unreadable: {e}") from e
-    if not isinstance(config, dict):
-        raise LoRAAdapterError(f"lora_path {path!r}: adapter_config.json is not an object")
-    unsupported = {
-        "peft_type": lambda v: v not in (None, "LORA"),
-        "use_dora": bool,
-        "bias": lambda v: v not in (None, "none"),
-        "modules_to_save": bool,
-        "fan_in_fan_out": bool,
-        "rank_pattern": bool,
-        "alpha_pattern": bool,
-    }
-    for field, refused in unsupported.items():
-        if refused(config.get(field)):
-            raise LoRAAdapterError(
-                f"adapter_config.json {field}={config[field]!r} is not supported "
-                "(plain LoRA on the attention and MLP projections only)"
-            )
-    for field in ("r", "lora_alpha"):
-        value = config.get(field)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise LoRAAdapterError(f"adapter_config.json {field} must be positive, got {value!r}")
-    return config
-
-
 def load_peft_adapter(lora_id: int, path: str, cfg: ModelConfig, max_rank: int) -> LoRAAdapter:
-    config = read_adapter_config(path)
+    config = read_adapter_config(path, max_rank)
     rank, alpha = int(config["r"]), float(config["lora_alpha"])
-    if rank > max_rank:
-        raise LoRAAdapterError(f"adapter_config.json r={rank} is above --max-lora-rank {max_rank}")
     scaling = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
     file = os.path.join(path, "adapter_model.safetensors")
-    if not os.path.isfile(file):
-        raise LoRAAdapterError(f"lora_path {path!r} has no adapter_model.safetensors")
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     try:
         with safe_open(file, framework="pt") as f:

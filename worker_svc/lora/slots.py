@@ -11,7 +11,9 @@ from __future__ import annotations
 import collections
 from collections.abc import Collection
 
-from worker_svc.lora.peft_adapter import LoRAAdapter, LoRAAdapterError, load_peft_adapter
+from batchwire.common.lora_config import LoRAAdapterError
+
+from worker_svc.lora.peft_adapter import LoRAAdapter, load_peft_adapter
 from worker_svc.models.llama import DecoderLayer, LlamaForCausalLM
 
 _FUSED_PARTS = {

@@ -10,11 +10,11 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
+from batchwire.common.lora_config import LoRAAdapterError
 from batchwire.v1 import worker_pb2
 
 from worker_svc.batch.input_batch import CachedRequestState
 from worker_svc.batch.validation import InvalidStepError
-from worker_svc.lora.peft_adapter import LoRAAdapterError
 from worker_svc.lora.slots import LoRASlots
 from worker_svc.models.lora_linear import slot_mask
 
