@@ -72,11 +72,10 @@ class LoRAStack:
         return y
 
 
-def slot_mask(token_slots: torch.Tensor, max_loras: int, dtype: torch.dtype) -> torch.Tensor | None:
-    """token_slots (T,) int64, -1 = the base model -> one-hot (T, max_loras) in dtype; None when
-    no token uses an adapter (the layers then skip the delta)."""
-    if not bool((token_slots >= 0).any()):
-        return None
+def slot_mask(token_slots: torch.Tensor, max_loras: int, dtype: torch.dtype) -> torch.Tensor:
+    """token_slots (T,) int64, -1 = the base model -> one-hot (T, max_loras) in dtype (a base
+    token's row all zeros). The caller skips it when no token has an adapter (known on the host,
+    so no device sync here)."""
     mask = torch.zeros(token_slots.shape[0], max_loras + 1, dtype=dtype, device=token_slots.device)
     # Column max_loras catches the base tokens' -1 and is dropped.
     mask.scatter_(1, torch.where(token_slots < 0, max_loras, token_slots).unsqueeze(1), 1.0)
