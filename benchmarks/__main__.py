@@ -10,6 +10,7 @@ against its peers on this machine, in one run. Each benchmark prints its tables 
   soak        a mixed load for --minutes (10): RSS, open fds, KV blocks and latency over time
   overhead    the engine's own time per decode step on a near-zero-cost model, by transport
   chaos       workers killed, frozen and drained in turn under load: every request intact
+  lora        W64 on 4 LoRA adapters (a request on each in turn) against the base model alone
   hostile-http  hostile requests to the HTTP front beside a greedy stream: statuses, gap, RSS
   all         every one of them but hostile-http (a robustness check, not a measurement)
 """
@@ -44,6 +45,8 @@ BENCHMARKS = {
                  "the engine's own time per decode step on a near-zero-cost model, by transport"),
     "chaos": ("reliability.chaos",
               "workers killed, frozen and drained in turn under load: every request intact"),
+    "lora": ("offline.lora", "W64 on 4 LoRA adapters (a request on each in turn) against the "
+             "base model alone"),
     "hostile-http": ("reliability.hostile_http", "hostile requests to the HTTP front beside a "
                      "greedy stream: statuses, gap, RSS"),
 }

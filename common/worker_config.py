@@ -42,6 +42,11 @@ class WorkerConfig:
     # Each request's tokens and logprobs bit for bit independent of the rest of its batches,
     # its prefill chunking and prefix-cache hits (worker_svc/batch_invariant), at a cost in speed.
     batch_invariant: bool = False
+    # LoRA adapter slots in the model: the most adapters one step may mix; 0 serves none and
+    # adds no work to a step.
+    max_loras: int = 0
+    max_lora_rank: int = 16  # the slots' rank: every adapter's rank must be at most this
+    max_cpu_loras: int = 0  # adapters kept on the host (LRU); 0 = as many as max_loras
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -62,6 +67,22 @@ class WorkerConfig:
         if self.pooling_type not in POOLING_TYPES:
             raise ValueError(
                 f"pooling_type must be one of {POOLING_TYPES}, got {self.pooling_type!r}"
+            )
+        for name in ("max_loras", "max_cpu_loras"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
+        if self.max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+        if self.max_loras and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"max_loras={self.max_loras}: LoRA adapters are served without tensor "
+                f"parallelism only, got tensor_parallel_size={self.tensor_parallel_size}"
+            )
+        if self.max_loras and self.batch_invariant:
+            # The adapters' matmuls are not row-tiled: a row's result would depend on its batch.
+            raise ValueError(
+                f"max_loras={self.max_loras}: LoRA adapters are not served in batch-invariant "
+                "mode (batch_invariant=True)"
             )
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError(
@@ -109,6 +130,8 @@ class WorkerConfig:
             "--task", self.task, "--pooling-type", self.pooling_type,
             "--normalize" if self.normalize else "--no-normalize",
             "--batch-invariant" if self.batch_invariant else "--no-batch-invariant",
+            "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank),
+            "--max-cpu-loras", str(self.max_cpu_loras),
         ]
         if self.model is not None:
             argv += ["--model", self.model]

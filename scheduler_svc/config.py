@@ -47,6 +47,13 @@ class SchedulerConfig:
     # Workers it starts compute each request's tokens and logprobs bit for bit independently of
     # the other requests, chunking and prefix-cache hits (worker_svc/batch_invariant); slower.
     batch_invariant: bool = False
+    # LoRA adapters of a locally started group (the workers' --max-loras, --max-lora-rank,
+    # --max-cpu-loras): 0 slots serve none; remote workers report their own.
+    max_loras: int = 0
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 0
+    # Adapters a server loads at start (--lora-modules NAME=PATH): (name, PEFT folder) pairs.
+    lora_modules: tuple[tuple[str, str], ...] = ()
     worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
     worker_heartbeat_s: float = 1.0  # liveness probe period; 3 missed probes = a failed worker
     # How long requests wait for a worker replica when none is live (the last one died, froze or
@@ -191,4 +198,7 @@ class SchedulerConfig:
             pooling_type=self.pooling_type,
             normalize=self.normalize,
             batch_invariant=self.batch_invariant,
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
+            max_cpu_loras=self.max_cpu_loras,
         )

@@ -34,6 +34,7 @@ WORKER_LAYERS = {
     "spec_decode": 3,  # a verifying step's layout, rejection sampling, its reply
     "pooling": 3,  # embeddings from final hidden states
     "batch_invariant": 3,  # fixed-shape linears and attention for --batch-invariant
+    "lora": 3,  # LoRA adapters: PEFT files, the model's adapter slots, a step's adapters
     "runner": 4,  # ModelRunner (ExecuteModel, SampleTokens), prompt logprobs, Worker
     "server": 5,  # gRPC and ZMQ servers, servicer, registration, group launcher, options
     "__main__": 6,  # python -m worker_svc

@@ -13,6 +13,7 @@ from typing import Any
 _EXPORTS = {
     "LLM": "scheduler_svc.engine.llm",
     "SamplingParams": "scheduler_svc.core.sampling_params",
+    "LoRARequest": "scheduler_svc.core.lora_request",
     "RequestOutput": "scheduler_svc.core.outputs",
     "SchedulerConfig": "scheduler_svc.config",
 }

@@ -160,6 +160,24 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
                    help="each request's tokens and logprobs the same, bit for bit, whatever else "
                    "runs beside it (fixed-shape matmuls and attention in the workers it starts; "
                    "slower) [BATCHWIRE_BATCH_INVARIANT]")
+    g = p.add_argument_group("LoRA adapters (PEFT folders of the base model)")
+    g.add_argument("--lora-modules", nargs="+", default=(), metavar="NAME=PATH",
+                   type=_lora_module, help="adapters served from the start, by name (more load "
+                   "at run time: POST /v1/load_lora_adapter, Generation.LoadLoRAAdapter)")
+    _option(g, "--max-loras", _DEFAULTS["max_loras"], "adapter slots in each worker: most "
+            "adapters one step mixes (0: serve none)", type=int)
+    _option(g, "--max-lora-rank", _DEFAULTS["max_lora_rank"], "highest adapter rank served",
+            type=int)
+    _option(g, "--max-cpu-loras", _DEFAULTS["max_cpu_loras"], "adapters each worker keeps "
+            "in host memory, least recently used dropped first (0: as many as --max-loras)",
+            type=int)
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PATH")
+    return name, path
 
 
 def _add_server_options(p: argparse.ArgumentParser) -> None:
@@ -269,7 +287,9 @@ def _new_scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerCo
         seed=args.seed, enable_prefix_caching=not args.no_prefix_caching,
         enable_chunked_prefill=not args.no_chunked_prefill, task=args.task,
         pooling_type=args.pooling_type, normalize=args.normalize,
-        batch_invariant=args.batch_invariant, pipeline_parallel_size=args.pipeline_parallel_size,
+        batch_invariant=args.batch_invariant, max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
+        lora_modules=tuple(args.lora_modules), pipeline_parallel_size=args.pipeline_parallel_size,
         generation_config=args.generation_config, tool_call_parser=args.tool_call_parser,
         async_scheduling=args.async_scheduling, worker_grace_s=args.worker_grace_s,
         **_speculative_config(args), **extra)

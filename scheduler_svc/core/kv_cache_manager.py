@@ -2,7 +2,8 @@
 
 A full block is identified by a chained hash: sha256(parent block's hash, its token ids, extra
 keys). The chain makes a hit on block i imply hits on blocks 0..i-1, so a lookup walks from the
-first block and stops at the first miss. Extra keys (a cache salt) go into the first block only;
+first block and stops at the first miss. Extra keys (a cache salt, the LoRA adapter's id: one
+adapter's KV is not another's, nor the base model's) go into the first block only;
 the chain carries them to every later block. sha256 rather than Python's hash(): a crafted
 collision would hand one request another's KV.
 """
@@ -18,11 +19,14 @@ from scheduler_svc.core.request import Request
 _ROOT_HASH = b"\0" * 32
 
 
-def hash_block(parent: bytes, token_ids: list[int], extra: str | None = None) -> bytes:
+def hash_block(parent: bytes, token_ids: list[int], extra: str | None = None,
+               lora_id: int = 0) -> bytes:
     h = hashlib.sha256(parent)
     h.update(array("i", token_ids).tobytes())
     if extra is not None:
         h.update(b"\1salt:" + extra.encode())
+    if lora_id:  # a separate tag: no salt string can pose as an adapter
+        h.update(b"\2lora:" + lora_id.to_bytes(4, "little"))
     return h.digest()
 
 
@@ -139,8 +143,10 @@ class KVCacheManager:
         hashes, size, tokens = request.block_hashes, self.block_size, request.all_token_ids
         for i in range(len(hashes), min(num_blocks, len(tokens) // size)):
             parent = hashes[i - 1] if i else _ROOT_HASH
-            hashes.append(hash_block(parent, tokens[i * size:(i + 1) * size],
-                                     request.cache_salt if i == 0 else None))
+            first = i == 0
+            hashes.append(hash_block(
+                parent, tokens[i * size:(i + 1) * size], request.cache_salt if first else None,
+                request.lora.lora_int_id if first and request.lora is not None else 0))
 
     def reset_prefix_cache(self) -> bool:
         return self.pool.reset_prefix_cache()

@@ -46,6 +46,7 @@ class RequestOutput:
     logprobs: list[TokenLogprobs] | None = None
     prompt_logprobs: list[TokenLogprobs] | None = None
     embedding: list[float] | None = None  # LLM.embed's vector
+    error: str | None = None  # why the engine ended it early (finish_reason "abort")
 
     @property
     def finished(self) -> bool:

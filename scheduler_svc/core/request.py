@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
+from scheduler_svc.core.lora_request import LoRARequest
 from scheduler_svc.core.outputs import TokenLogprobs
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
@@ -45,7 +46,7 @@ class Request:
         "num_prompt_tokens", "num_computed_tokens", "num_preemptions", "block_hashes",
         "stop_ids", "max_num_tokens", "num_cached_tokens", "grammar",
         "prompt_logprobs",
-        "pooling", "num_sent_tokens", "num_output_placeholders",
+        "pooling", "num_sent_tokens", "num_output_placeholders", "lora",
     )
 
     def __init__(
@@ -59,6 +60,7 @@ class Request:
         priority: int = 0,
         cache_salt: str | None = None,
         max_model_len: int | None = None,
+        lora: LoRARequest | None = None,
     ) -> None:
         # Two ids: `request_id` is the client's (unique among active requests of an engine, the
         # key of every map above the scheduler); `wire_id` is the short one the worker sees
@@ -71,6 +73,7 @@ class Request:
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.priority = priority  # lower runs first under the priority policy
         self.cache_salt = cache_salt  # keeps prefix-cache hits within one tenant
+        self.lora = lora  # the adapter it runs with; None = the base model
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None  # the stop token id or stop string that hit
         self.all_token_ids = list(prompt_token_ids)  # prompt, then output

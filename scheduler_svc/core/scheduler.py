@@ -24,6 +24,7 @@ from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.bad_words import bad_words_token_ids
 from scheduler_svc.core.errors import InvalidRequestError, QueueFullError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.lora_request import LoRARequest
 from scheduler_svc.core.outputs import EngineCoreOutput, TokenLogprobs
 from scheduler_svc.core.pooling import PoolingParams, pooled_vectors
 from scheduler_svc.core.prompt_logprobs import collect_prompt_logprobs
@@ -58,8 +59,10 @@ class Scheduler:
         hidden_size: int = 0,
         send_new_tokens: bool = False,
         async_scheduling: bool = False,
+        max_loras: int = 0,
     ) -> None:
         self.config = config
+        self.max_loras = max_loras  # the workers' adapter slots: most adapters in one step
         self.limits = config.request_limits  # read on every add_request
         # Each step is scheduled before the one before it has come back (EngineCore): a request
         # that samples in a step counts one placeholder token until its output arrives.
@@ -108,6 +111,7 @@ class Scheduler:
         grammar: RequestGrammar | None = None,
         output_token_ids: Sequence[int] = (),
         pooling: PoolingParams | None = None,
+        lora: LoRARequest | None = None,
     ) -> Request:
         """Validates and queues a request; raises InvalidRequestError or QueueFullError.
 
@@ -132,6 +136,9 @@ class Scheduler:
                                          else "it computes no embeddings"))
         if pooling is not None:
             pooling.validate_for(self.hidden_size)
+        if lora is not None and not self.max_loras:
+            raise InvalidRequestError("lora", f"adapter {lora.lora_name!r}: this engine's workers "
+                                      "serve no LoRA adapters (start them with --max-loras)")
         if sampling_params.stop and self.tokenizer is None:
             raise InvalidRequestError("stop", "stop strings need a tokenizer, this engine has none")
         if sampling_params.constraint is not None and grammar is None:
@@ -143,7 +150,7 @@ class Scheduler:
         self._next_id += 1
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         request = Request(wire_id, list(prompt_token_ids), sampling_params, self.eos_token_ids,
-                          request_id, arrival, priority, cache_salt, self.max_model_len)
+                          request_id, arrival, priority, cache_salt, self.max_model_len, lora)
         request.all_token_ids.extend(output_token_ids)
         request.pooling = pooling
         self.requests[wire_id] = request
@@ -256,9 +263,17 @@ class Scheduler:
         # freed to a newcomer, and the next step would preempt again (thrashing).
         new_reqs: list[Request] = []
         resumed_reqs: list[Request] = []
+        # A step may mix at most max_loras adapters (the workers' slots): a request of another
+        # adapter waits for a running one's adapter to leave.
+        loras = {r.lora.lora_int_id for r in self.running if r.lora} if self.max_loras else set()
         while (not preempted and len(self.waiting) and budget > 0
                and len(self.running) < self.max_num_seqs):
             request = self.waiting.peek()
+            lora_id = request.lora.lora_int_id if request.lora is not None else 0
+            if lora_id and lora_id not in loras:
+                if len(loras) >= self.max_loras:
+                    break
+                loras.add(lora_id)
             hits, num_hit = self.kv.get_computed_blocks(request)
             n = request.num_tokens - num_hit
             if 0 < threshold < n:

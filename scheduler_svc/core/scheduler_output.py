@@ -22,6 +22,16 @@ def short_id(n: int) -> str:
             return "".join(reversed(digits))
 
 
+def _lora_ref(r: Request) -> worker_pb2.LoRAAdapterRef | None:
+    """The adapter as the worker reads it: with its path on every new request, a few dozen
+    bytes sent once per request, so a worker that never met the id (a new replica, a worker
+    restarted) reads it without another round trip."""
+    if r.lora is None:
+        return None
+    return worker_pb2.LoRAAdapterRef(id=r.lora.lora_int_id, name=r.lora.lora_name,
+                                     path=r.lora.lora_path)
+
+
 def build_scheduler_output(
     step_id: int,
     finished_req_ids: list[str],
@@ -49,6 +59,7 @@ def build_scheduler_output(
             num_computed_tokens=r.num_computed_tokens,
             num_scheduled_tokens=num_scheduled[r.wire_id],
             pooling=r.pooling.to_proto() if r.pooling is not None else None,
+            lora=_lora_ref(r),
         )
         r.num_sent_tokens = r.num_tokens
     cached = so.scheduled_cached_reqs

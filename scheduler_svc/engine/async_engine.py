@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from scheduler_svc.core.errors import RequestIdInUseError, RequestRefusedError
+from scheduler_svc.core.lora_request import LoRARequest
 from scheduler_svc.core.output_processor import OutputProcessor
 from scheduler_svc.core.outputs import EngineCoreOutput
 from scheduler_svc.core.pooling import PoolingParams
@@ -90,6 +91,7 @@ class RequestStream:
     def __init__(self, engine: AsyncEngine, request_id: str) -> None:
         self.request_id = request_id  # the client's id
         self.arrival = time.monotonic()
+        self.lora_name = ""  # its LoRA adapter's name, for the metrics; "" = the base model
         self.first_token_time: float | None = None
         self.finished = False  # the engine sends nothing more: finished, failed or closed
         self.closed = False  # its reader went away before its last output
@@ -202,6 +204,7 @@ class AsyncEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         pooling: PoolingParams | None = None,
+        lora: LoRARequest | None = None,
     ) -> RequestStream:
         """Admits a request and returns its stream; raises what admission refuses it for."""
         if self.dead is not None:
@@ -212,12 +215,14 @@ class AsyncEngine:
             raise RequestIdInUseError(f"request_id {request_id!r} is already in use by an "
                                       "active request")
         stream = RequestStream(self, request_id)
+        if lora is not None:
+            stream.lora_name = lora.lora_name
         self._streams[request_id] = stream
         if self._text is not None and pooling is None:
             self._text.add_request(request_id, prompt_token_ids, params)
         self._idle.clear()
         command = AddRequest(request_id, list(prompt_token_ids), params, priority, cache_salt,
-                             pooling)
+                             pooling, lora)
         self._send(command)
         try:
             await asyncio.wrap_future(command.admitted)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
+from scheduler_svc.core.lora_request import LoRARequest
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
 
@@ -25,6 +26,7 @@ class AddRequest:
     priority: int = 0
     cache_salt: str | None = None
     pooling: PoolingParams | None = None  # an embedding request's
+    lora: LoRARequest | None = None  # the adapter it runs with; None = the base model
     admitted: Future = dataclasses.field(default_factory=Future)  # None, or the refusal
 
 

@@ -269,4 +269,4 @@ def scheduler_for(config: SchedulerConfig, info: worker_pb2.WorkerInfo,
                      max_num_seqs=info.max_num_reqs or None, tokenizer=tokenizer, task=task,
                      hidden_size=info.hidden_size,
                      send_new_tokens=info.pipeline_parallel_size > 1,
-                     async_scheduling=async_scheduling)
+                     async_scheduling=async_scheduling, max_loras=info.max_loras)

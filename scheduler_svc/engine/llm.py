@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.generation_config import load_generation_config
+from scheduler_svc.core.lora_request import LoRARequest
 from scheduler_svc.core.outputs import EngineCoreOutput, RequestOutput
 from scheduler_svc.core.pooling import PoolingParams
 from scheduler_svc.core.sampling_params import SamplingParams
@@ -39,9 +40,13 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """Runs the prompts to completion; results come back in the order of the prompts."""
+        """Runs the prompts to completion; results come back in the order of the prompts.
+
+        `lora_request`: one adapter for every prompt, or one (or None: the base model) each."""
         batch = _as_batch(prompts)
+        loras = _per_prompt(lora_request, len(batch))
         if sampling_params is None:
             sampling_params = self.default_sampling_params()
         if isinstance(sampling_params, SamplingParams):
@@ -56,7 +61,8 @@ class LLM:
                 text, ids = self._tokenize(prompt)
                 request_id = f"llm-{next(self._ids)}"
                 request = self.engine.add_request(ids, params, request_id=request_id,
-                                                  priority=priority[i] if priority else 0)
+                                                  priority=priority[i] if priority else 0,
+                                                  lora=loras[i])
                 added.append(request_id)
                 # The scheduler's copy: truncate_prompt_tokens may have cut it.
                 results[request_id] = RequestOutput(request_id, text,
@@ -123,6 +129,16 @@ class LLM:
         self.engine.shutdown()
 
 
+def _per_prompt(lora_request: LoRARequest | Sequence[LoRARequest | None] | None,
+                n: int) -> list[LoRARequest | None]:
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * n
+    loras = list(lora_request)
+    if len(loras) != n:
+        raise ValueError(f"{len(loras)} lora requests for {n} prompts")
+    return loras
+
+
 def _as_batch(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if isinstance(prompts, str | dict) or (prompts and isinstance(prompts[0], int)):
         return [cast(Prompt, prompts)]  # one prompt
@@ -142,7 +158,8 @@ def _accumulate(result: RequestOutput, out: EngineCoreOutput) -> bool:
     if out.finished:
         result.finish_reason = out.finish_reason
         result.stop_reason = out.stop_reason
+        result.error = out.error
     return out.finished
 
 
-__all__ = ["LLM", "RequestOutput", "SamplingParams"]
+__all__ = ["LLM", "LoRARequest", "RequestOutput", "SamplingParams"]

@@ -270,7 +270,8 @@ class ReplicatedEngine:
     def _admit(self, command: AddRequest) -> None:
         self.add_request(command.prompt_token_ids, command.params,
                          request_id=command.request_id, priority=command.priority,
-                         cache_salt=command.cache_salt, pooling=command.pooling)
+                         cache_salt=command.cache_salt, pooling=command.pooling,
+                         lora=command.lora)
         answer(command.admitted)
 
 
@@ -385,7 +386,8 @@ class ReplicatedEngine:
             request.prompt_token_ids, request.sampling_params, request_id=request.request_id,
             arrival_time=request.arrival_time, priority=request.priority,
             cache_salt=request.cache_salt, grammar=request.grammar,
-            output_token_ids=request.output_token_ids, pooling=request.pooling)
+            output_token_ids=request.output_token_ids, pooling=request.pooling,
+            lora=request.lora)
 
     def add_replica(self, core: EngineCore, replica_id: str | None = None) -> Replica:
         info = core.info

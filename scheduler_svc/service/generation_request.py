@@ -17,6 +17,7 @@ from typing import Any
 from batchwire.v1 import generate_pb2
 
 from scheduler_svc.core.errors import InvalidRequestError, WrongTaskError
+from scheduler_svc.core.lora_request import LoRARequest
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.tool_calls import ToolPlan
 from scheduler_svc.service import wire
@@ -38,6 +39,7 @@ class GenerationRequest:
     continuous_usage: bool = False  # every message carries the usage so far
     # The request's tools: what its reply is read for (auto, or a constrained call).
     tools: ToolPlan | None = None
+    lora: LoRARequest | None = None  # the adapter it names; None = the base model
 
     @property
     def reads_tool_calls(self) -> bool:
@@ -65,21 +67,22 @@ async def parse(msg: generate_pb2.GenerateRequest, m: LoadedModel) -> Generation
     wire.check_prompt_chars(msg, m.max_prompt_chars, m.max_model_len)
     field, ids = await tokenized(msg, m.tokenizer, tools=tools)
     await _compile(params, m)
+    lora = m.loras.resolve(msg.lora_name)  # NOT_FOUND for a name not loaded
     return GenerationRequest(request_id, ids, field, params, msg.priority,
                              msg.cache_salt or None, msg.sampling.echo,
-                             msg.sampling.continuous_usage, tools)
+                             msg.sampling.continuous_usage, tools, lora)
 
 
 async def for_http(request_id: str, prompt_ids: list[int], sampling: generate_pb2.SamplingParams,
-                   m: LoadedModel, priority: int = 0, cache_salt: str | None = None
-                   ) -> GenerationRequest:
+                   m: LoadedModel, priority: int = 0, cache_salt: str | None = None,
+                   lora_name: str = "") -> GenerationRequest:
     """The HTTP front's request: its prompt already tokenized (prompt_token_ids), its sampling
     fields in Generate's message, whose range checks it shares (openai/sampling.py)."""
     check_task(m, True)
     params = _sampling(sampling, priority, m)
     await _compile(params, m)
     return GenerationRequest(request_id, prompt_ids, "token_ids", params, priority,
-                             cache_salt or None)
+                             cache_salt or None, lora=m.loras.resolve(lora_name))
 
 
 def check_task(m: LoadedModel, sampling_set: bool) -> None:

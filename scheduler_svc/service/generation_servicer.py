@@ -15,6 +15,7 @@ import grpc
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
 from scheduler_svc.core.errors import InvalidRequestError, RequestIdInUseError
+from scheduler_svc.core.lora_request import LoRARequest
 from scheduler_svc.core.parallel_sampling import child_params, child_request_id
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.tool_calls import read_reply
@@ -118,7 +119,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         try:
             return await m.engine.add_request(request_id, request.prompt_ids, params,
                                               priority=request.priority,
-                                              cache_salt=request.cache_salt)
+                                              cache_salt=request.cache_salt,
+                                              lora=request.lora)
         except InvalidRequestError as e:
             raise wire.admission_error(e, request.prompt_field) from None
 
@@ -154,7 +156,9 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             eos_token_ids=m.eos_token_ids, has_chat_template=bool(m.tokenizer.chat_template),
             dtype=m.dtype, task=m.task, pooling_type=m.pooling_type,
             embedding_size=m.hidden_size if m.task == "embed" else 0, weights=m.weights,
-            sampling_defaults_source=m.generation_config.source)
+            sampling_defaults_source=m.generation_config.source,
+            lora_adapters=[_adapter(lora) for lora in m.loras.listed()],
+            max_loras=m.loras.max_loras)
         for name, value in m.generation_config.in_force().items():
             setattr(info.sampling_defaults, name, value)
         bos = getattr(m.tokenizer, "bos_token_id", None)
@@ -215,6 +219,34 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             await abort_with(context, e)
         return generate_pb2.TokenizeResponse(token_ids=ids)
 
+    async def LoadLoRAAdapter(self, request: generate_pb2.LoadLoRAAdapterRequest,
+                              context: grpc.aio.ServicerContext
+                              ) -> generate_pb2.LoadLoRAAdapterResponse:
+        try:
+            lora = self._loaded().loras.load(request.lora_name, request.lora_path)
+        except Exception as e:
+            await abort_with(context, e)
+        return generate_pb2.LoadLoRAAdapterResponse(adapter=_adapter(lora))
+
+    async def UnloadLoRAAdapter(self, request: generate_pb2.UnloadLoRAAdapterRequest,
+                                context: grpc.aio.ServicerContext
+                                ) -> generate_pb2.UnloadLoRAAdapterResponse:
+        try:
+            self._loaded().loras.unload(request.lora_name, request.lora_path)
+        except Exception as e:
+            await abort_with(context, e)
+        return generate_pb2.UnloadLoRAAdapterResponse()
+
+    async def ListLoRAAdapters(self, request: generate_pb2.ListLoRAAdaptersRequest,
+                               context: grpc.aio.ServicerContext
+                               ) -> generate_pb2.ListLoRAAdaptersResponse:
+        try:
+            m = self._loaded()
+        except Exception as e:
+            await abort_with(context, e)
+        return generate_pb2.ListLoRAAdaptersResponse(
+            adapters=[_adapter(lora) for lora in m.loras.listed()])
+
     async def Detokenize(self, request: generate_pb2.DetokenizeRequest,
                          context: grpc.aio.ServicerContext) -> generate_pb2.DetokenizeResponse:
         try:
@@ -223,3 +255,8 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         except Exception as e:
             await abort_with(context, e)
         return generate_pb2.DetokenizeResponse(text=text)
+
+
+def _adapter(lora: LoRARequest) -> generate_pb2.LoRAAdapter:
+    return generate_pb2.LoRAAdapter(name=lora.lora_name, path=lora.lora_path,
+                                    id=lora.lora_int_id)

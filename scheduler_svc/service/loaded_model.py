@@ -11,6 +11,7 @@ from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.generation_config import GenerationConfig
 from scheduler_svc.core.tool_calls import ToolCallFormat
 from scheduler_svc.engine.async_engine import AsyncEngine
+from scheduler_svc.service.lora_adapters import LoRAAdapters
 
 
 @dataclasses.dataclass(slots=True)
@@ -41,6 +42,9 @@ class LoadedModel:
     # The syntax tool_choice "auto" reads the model's calls in (--tool-call-parser, else the
     # chat template's); None: auto is refused.
     tool_format: ToolCallFormat | None = None
+    # The LoRA adapters served by name: the one thing here that changes while serving (loads
+    # and unloads, on the event loop).
+    loras: LoRAAdapters = dataclasses.field(default_factory=lambda: LoRAAdapters(0, 1))
 
     def batch_invariant(self) -> bool:
         """Whether every worker group now serving runs in batch-invariant mode: a request's

@@ -71,6 +71,16 @@ class SchedulerMetrics:
         # Every way a request ends, cancelled streams included ("abort"); vLLM's label names.
         self.finished = Counter("batchwire_request_finished", "Finished requests by reason.",
                                 ["model_name", "finished_reason"], registry=r)
+        # Per LoRA adapter, by the name its requests gave (requests of the base model are not
+        # counted here): finished requests and their tokens.
+        self.lora_finished = Counter("batchwire_lora_requests_finished", "Finished requests "
+                                     "per LoRA adapter.", ["lora_name"], registry=r)
+        self.lora_prompt_tokens = Counter("batchwire_lora_prompt_tokens", "Prompt tokens of "
+                                          "finished requests per LoRA adapter.", ["lora_name"],
+                                          registry=r)
+        self.lora_generation_tokens = Counter("batchwire_lora_generation_tokens", "Output "
+                                              "tokens of finished requests per LoRA adapter.",
+                                              ["lora_name"], registry=r)
         self.model_name = ""  # set once the model is loaded
         ProcessCollector(registry=r)  # process_cpu_seconds_total, process_resident_memory_bytes
         PlatformCollector(registry=r)  # python_info
@@ -128,6 +138,10 @@ class SchedulerMetrics:
         self.prompt_tokens.inc(last.num_prompt_tokens)
         self.generation_tokens.inc(last.num_output_tokens)
         self.finished.labels(self.model_name, last.finish_reason or "unknown").inc()
+        if stream.lora_name:
+            self.lora_finished.labels(stream.lora_name).inc()
+            self.lora_prompt_tokens.labels(stream.lora_name).inc(last.num_prompt_tokens)
+            self.lora_generation_tokens.labels(stream.lora_name).inc(last.num_output_tokens)
 
 
 __all__ = ["SchedulerMetrics", "serve_metrics"]

@@ -44,6 +44,7 @@ from scheduler_svc.engine.replicas import Replica, ReplicatedEngine
 from scheduler_svc.executors.base import Executor
 from scheduler_svc.service.generation_servicer import SERVICE_NAME, GenerationServicer
 from scheduler_svc.service.loaded_model import LoadedModel
+from scheduler_svc.service.lora_adapters import LoRAAdapters
 from scheduler_svc.service.metrics import SchedulerMetrics, serve_metrics
 from scheduler_svc.service.registry import SERVICE_NAME as REGISTRY_SERVICE_NAME
 from scheduler_svc.service.registry import WorkerRegistryServicer, add_registry_to_server
@@ -190,8 +191,12 @@ def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine,
     def workers() -> list[WorkerView]:  # replicas come and go while the engine serves
         return [_worker_view(r) for r in list(core.replicas)]
 
+    loras = LoRAAdapters(info.max_loras, info.max_lora_rank, info.model_name)
+    for name, path in core.config.lora_modules:  # --lora-modules: a bad one stops the start
+        loras.load(name, path)
     return LoadedModel(
-        engine=engine, tokenizer=tokenizer, config=core.config, model_name=info.model_name,
+        loras=loras, engine=engine, tokenizer=tokenizer, config=core.config,
+        model_name=info.model_name,
         vocab_size=scheduler.vocab_size, max_model_len=scheduler.max_model_len,
         max_num_seqs=scheduler.max_num_seqs,
         max_num_batched_tokens=scheduler.max_num_batched_tokens,

@@ -15,6 +15,7 @@ from scheduler_svc.core.errors import (
 )
 from scheduler_svc.engine.async_engine import EngineDeadError, NotAdmittingError
 from scheduler_svc.executors.errors import WorkerError, WorkerUnavailableError
+from scheduler_svc.service.lora_adapters import UnknownAdapterError
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class ServerStoppingError(RuntimeError):
 _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (InvalidRequestError, grpc.StatusCode.INVALID_ARGUMENT),
     (RequestIdInUseError, grpc.StatusCode.ALREADY_EXISTS),
+    (UnknownAdapterError, grpc.StatusCode.NOT_FOUND),  # a LoRA name not loaded
     (WrongTaskError, grpc.StatusCode.FAILED_PRECONDITION),
     (QueueFullError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (NotReadyError, grpc.StatusCode.UNAVAILABLE),

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-NAMES = ("throughput", "serve", "step", "prefix", "spec", "overhead", "soak", "chaos")
+NAMES = ("throughput", "serve", "step", "prefix", "spec", "overhead", "soak", "chaos", "lora")
 
 
 def test_bench_all_quick(tmp_path: Path) -> None:
@@ -41,6 +41,9 @@ def test_bench_all_quick(tmp_path: Path) -> None:
             assert not any(re.fullmatch(r"[\d.]+x", cell) for row in t["rows"] for cell in row)
     assert "best peer" not in done.stdout.replace("best peer:", "")
     assert done.stdout.count("QUICK RUN (--quick)") == len(NAMES)
+
+    lora = results["lora"]["results"]  # both runs of the same worker produced their tokens
+    assert lora["base"]["median"] > 0 and lora["4 adapters"]["median"] > 0
 
     soak = results["soak"]  # a quick soak still checks what a long one is for
     load = [s for s in soak["samples"] if not s.get("idle")]

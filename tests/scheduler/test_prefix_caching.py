@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler_svc.core.block_pool import BlockPool
+from scheduler_svc.core.errors import InvalidRequestError
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.lora_request import LoRARequest
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.sampling_params import SamplingParams
 
@@ -60,6 +62,50 @@ def test_cache_salt_separates_identical_prompts():
     assert kv.get_computed_blocks(make_request("b", make_prompt(40), salt="tenant-2"))[1] == 0
     assert kv.get_computed_blocks(make_request("c", make_prompt(40), salt="tenant-1"))[1] == 32
     assert kv.get_computed_blocks(make_request("d", make_prompt(40)))[1] == 0
+
+
+def test_the_lora_adapter_separates_identical_prompts():
+    """Two adapters (or an adapter and the base model) never share a cached prefix; a salt that
+    spells an adapter's key does not pose as it."""
+    kv = KVCacheManager(num_blocks=20, block_size=16)
+    one, two = LoRARequest("one", 1, "/adapters/one"), LoRARequest("two", 2, "/adapters/two")
+
+    def request(req_id: str, lora=None, salt=None) -> Request:
+        return Request(req_id, make_prompt(40), PARAMS, cache_salt=salt, lora=lora)
+
+    allocate(kv, request("a", one))
+    assert kv.get_computed_blocks(request("b", two))[1] == 0
+    assert kv.get_computed_blocks(request("c"))[1] == 0
+    assert kv.get_computed_blocks(request("d", salt=one.cache_key))[1] == 0
+    assert kv.get_computed_blocks(request("e", LoRARequest("one", 1, "/adapters/one")))[1] == 32
+    allocate(kv, request("f"))
+    assert kv.get_computed_blocks(request("g"))[1] == 32
+    assert kv.get_computed_blocks(request("h", two))[1] == 0
+
+
+def test_a_step_mixes_at_most_max_loras_adapters():
+    """A waiting request of a third adapter waits (FCFS) until a running one's adapter leaves."""
+    s = make_scheduler(block_size=16)
+    s.max_loras = 2
+    loras = [LoRARequest(f"l{i}", i, f"/adapters/{i}") for i in (1, 2, 3)]
+    first = [s.add_request(make_prompt(8, 100 * i), PARAMS, lora=lora)
+             for i, lora in enumerate([loras[0], loras[1], loras[0], loras[2], None], 1)]
+    so, _ = run_step(s)
+    assert [r.req_id for r in so.scheduled_new_reqs] == [r.wire_id for r in first[:3]]
+    assert [r.lora.id for r in so.scheduled_new_reqs] == [1, 2, 1]
+    assert so.scheduled_new_reqs[1].lora.path == "/adapters/2"
+    for _ in range(PARAMS.max_tokens + 1):
+        so, _ = run_step(s)
+        if so.scheduled_new_reqs:
+            break
+    assert [r.lora.id for r in so.scheduled_new_reqs] == [3, 0]
+    assert all(r.wire_id not in s.requests for r in first[:3])  # admitted once those ended
+
+
+def test_a_scheduler_without_lora_slots_refuses_an_adapter_request():
+    with pytest.raises(InvalidRequestError, match="--max-loras") as refused:
+        make_scheduler().add_request(make_prompt(8), PARAMS, lora=LoRARequest("a", 1, "/a"))
+    assert refused.value.field == "lora"
 
 
 def test_a_different_first_block_breaks_the_chain():

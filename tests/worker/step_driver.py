@@ -30,6 +30,7 @@ class DriverRequest:
     paused: bool = False  # held by the worker but not scheduled
     resumed: bool = False  # preempted: its next step replaces its block table
     drafts: list[int] = dataclasses.field(default_factory=list)  # sent this step
+    lora: pb.LoRAAdapterRef | None = None  # the adapter it runs with; None = the base model
 
     @property
     def num_tokens(self) -> int:
@@ -54,8 +55,12 @@ class StepDriver:
         self.num_drafted = 0
         self.num_accepted = 0
 
-    def add(self, req_id: str, prompt: list[int], max_tokens: int, sampling=None) -> None:
-        self.active[req_id] = DriverRequest(req_id, list(prompt), max_tokens, sampling or greedy())
+    def add(
+        self, req_id: str, prompt: list[int], max_tokens: int, sampling=None, lora=None
+    ) -> None:
+        self.active[req_id] = DriverRequest(
+            req_id, list(prompt), max_tokens, sampling or greedy(), lora=lora
+        )
 
     def preempt(self, req_id: str) -> None:
         req = self.active[req_id]
@@ -81,6 +86,7 @@ class StepDriver:
                     req_id=req.req_id, prompt_token_ids=req.prompt, output_token_ids=req.output,
                     sampling=req.sampling,
                     block_ids=req.blocks, num_computed_tokens=req.computed, num_scheduled_tokens=n,
+                    lora=req.lora,
                 )  # fmt: skip
                 req.sent = True
             else:

@@ -76,3 +76,14 @@ def test_the_worker_and_the_scheduler_read_a_yes_no_variable_alike(monkeypatch, 
     monkeypatch.setenv("BATCHWIRE_NORMALIZE", value)
     assert build_parser().parse_args([]).normalize is on
     assert scheduler_parser().parse_args(["serve"]).normalize is on
+
+
+@pytest.mark.parametrize(("settings", "words"), [
+    (dict(max_loras=2, tensor_parallel_size=2), "without tensor parallelism"),
+    (dict(max_loras=2, batch_invariant=True), "not served in batch-invariant mode"),
+    (dict(max_loras=-1), "max_loras must be at least 0"),
+    (dict(max_lora_rank=0), "max_lora_rank must be at least 1"),
+])
+def test_lora_settings_that_cannot_work_are_refused(settings, words):
+    with pytest.raises(ValueError, match=words):
+        WorkerConfig(**settings)

@@ -27,6 +27,7 @@ class CachedRequestState:
     block_ids: list[int]
     num_computed_tokens: int
     output_token_ids: list[int] = dataclasses.field(default_factory=list)
+    lora_id: int = 0  # the LoRA adapter it runs with; 0 = the base model
 
     @property
     def num_tokens(self) -> int:
@@ -54,6 +55,7 @@ class InputBatch:
         self.token_ids = torch.from_numpy(self.token_ids_np)
         self.num_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)  # [rows] prompt + output
         self.num_computed_tokens_np = np.zeros(max_num_reqs, dtype=np.int32)  # [rows]
+        self.lora_ids_np = np.zeros(max_num_reqs, dtype=np.int64)  # [rows] adapter id, 0 = base
         self.block_table = BlockTable(
             max_num_reqs, -(-max_model_len // block_size), block_size, max_num_batched_tokens,
             device,
@@ -80,6 +82,7 @@ class InputBatch:
         self.token_ids_np[row, n_prompt:n_total] = state.output_token_ids
         self.num_tokens_np[row] = n_total
         self.num_computed_tokens_np[row] = state.num_computed_tokens
+        self.lora_ids_np[row] = state.lora_id
         self.block_table.add_row(state.block_ids, row)
         self.req_ids[row] = state.req_id
         self.states[row] = state
@@ -97,6 +100,7 @@ class InputBatch:
         state.num_computed_tokens = int(self.num_computed_tokens_np[row])  # the row was the truth
         self.req_ids[row] = None
         self.states[row] = None
+        self.lora_ids_np[row] = 0
         bisect.insort(self._holes, row)
         self._sampling_metadata = None
         return row
@@ -117,6 +121,7 @@ class InputBatch:
         self.token_ids_np[dst, :n] = self.token_ids_np[src, :n]
         self.num_tokens_np[dst] = n
         self.num_computed_tokens_np[dst] = self.num_computed_tokens_np[src]
+        self.lora_ids_np[dst], self.lora_ids_np[src] = self.lora_ids_np[src], 0
         self.block_table.move_row(src, dst)
         req_id = self.req_ids[src]
         assert req_id is not None

@@ -17,7 +17,8 @@ from batchwire import kernels
 from torch import nn
 
 from worker_svc.model_config import ModelConfig
-from worker_svc.models.forward_context import get_attention_metadata
+from worker_svc.models.forward_context import get_attention_metadata, get_lora_mask
+from worker_svc.models.lora_linear import LoRAStack
 from worker_svc.models.rotary import cos_sin_cache
 from worker_svc.parallel.pipeline import IntermediateTensors, PipelineStage
 from worker_svc.parallel.tensor_parallel import ShardPlan, TensorParallel
@@ -26,6 +27,14 @@ from worker_svc.parallel.tensor_parallel import ShardPlan, TensorParallel
 AttendFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, kernels.AttentionMetadata, float], torch.Tensor
 ]
+
+
+def with_lora(stack: LoRAStack | None, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """y = base(x), plus each token's adapter delta when the model serves adapters this step."""
+    if stack is None:
+        return y
+    mask = get_lora_mask()
+    return y if mask is None else stack.add_delta(x, y, mask)
 
 
 class RMSNorm(nn.Module):
@@ -68,12 +77,15 @@ class Attention(nn.Module):
         self.v_cache: torch.Tensor | None = None
         # The attention kernel; batch-invariant mode swaps in its own (worker_svc/batch_invariant).
         self.attend: AttendFn = kernels.paged_attention
+        # Set by LlamaForCausalLM.enable_lora: every adapter slot's q|k|v and o matrices.
+        self.qkv_lora: LoRAStack | None = None
+        self.o_lora: LoRAStack | None = None
 
     def forward(
         self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
-        qkv = self.qkv_proj(x)  # (T, q_size + 2 * kv_size)
+        qkv = with_lora(self.qkv_lora, x, self.qkv_proj(x))  # (T, q_size + 2 * kv_size)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(num_tokens, self.num_heads, self.head_dim)  # (T, nh, hs)
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # (T, nkv, hs)
@@ -85,7 +97,8 @@ class Attention(nn.Module):
         metadata = get_attention_metadata()
         kernels.reshape_and_cache(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
         out = self.attend(q, self.k_cache, self.v_cache, metadata, self.scale)
-        return self.tp.all_reduce(self.o_proj(out.reshape(num_tokens, self.q_size)))
+        out = out.reshape(num_tokens, self.q_size)
+        return self.tp.all_reduce(with_lora(self.o_lora, out, self.o_proj(out)))
 
 
 class MLP(nn.Module):
@@ -97,10 +110,14 @@ class MLP(nn.Module):
         self.intermediate_size = plan.intermediate_size
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * self.intermediate_size, bias=False)
         self.down_proj = nn.Linear(self.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_lora: LoRAStack | None = None  # set by LlamaForCausalLM.enable_lora
+        self.down_lora: LoRAStack | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
-        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
+        gate_up = with_lora(self.gate_up_lora, x, self.gate_up_proj(x))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
+        h = F.silu(gate) * up
+        return self.tp.all_reduce(with_lora(self.down_lora, h, self.down_proj(h)))
 
 
 class DecoderLayer(nn.Module):
@@ -177,6 +194,23 @@ class LlamaForCausalLM(nn.Module):
     def attention_layers(self) -> list[Attention]:
         """This stage's attention modules in layer order; each holds its layer's KV cache."""
         return [cast(DecoderLayer, layer).self_attn for layer in self.layers.values()]
+
+    def enable_lora(self, max_loras: int, max_rank: int) -> None:
+        """Gives each projection of each layer its (zeroed) adapter slots, in the weights' dtype."""
+        if self.tp.enabled:
+            raise ValueError("LoRA adapters are served without tensor parallelism only")
+        cfg, param = self.config, next(self.parameters())
+        hidden, inter = cfg.hidden_size, self.plan.intermediate_size
+
+        def stack(in_features: int, out_sizes: list[int]) -> LoRAStack:
+            return LoRAStack(in_features, out_sizes, max_loras, max_rank, param.dtype, param.device)
+
+        for layer in self.layers.values():
+            attn, mlp = cast(DecoderLayer, layer).self_attn, cast(DecoderLayer, layer).mlp
+            attn.qkv_lora = stack(hidden, [attn.q_size, attn.kv_size, attn.kv_size])
+            attn.o_lora = stack(attn.q_size, [hidden])
+            mlp.gate_up_lora = stack(hidden, [inter, inter])
+            mlp.down_lora = stack(inter, [hidden])
 
     def init_rotary(self, device: torch.device | str) -> None:
         # A plain attribute, not a buffer, so model.to(bfloat16) leaves it in float32: rotary

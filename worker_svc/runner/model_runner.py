@@ -28,6 +28,8 @@ from worker_svc.batch.validation import (
     validate_grammar_output,
     validate_scheduler_output,
 )
+from worker_svc.lora.slots import LoRASlots
+from worker_svc.lora.step_adapters import load_step_adapters, token_slot_mask
 from worker_svc.models.forward_context import set_forward_context
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.parallel.pipeline import IntermediateTensors
@@ -95,6 +97,13 @@ class ModelRunner:
         self.seq_lens_np = host_buffer(max_reqs, torch.int32, self.device).numpy()  # [reqs]
         self.input_fence = InputFence(self.device)
         self._sampled_encoder = SampledTokensEncoder()
+        self.lora_slots = (
+            LoRASlots(model, config.max_loras, config.max_lora_rank, config.max_cpu_loras)
+            if config.max_loras
+            else None
+        )
+        self.lora_mask: torch.Tensor | None = None  # the step's (tokens, max_loras) slot mask
+        self.lora_dtype = next(model.parameters()).dtype
 
 
     def execute_model(self, so: worker_pb2.SchedulerOutput) -> worker_pb2.ModelRunnerOutput | None:
@@ -103,6 +112,8 @@ class ModelRunner:
         checked = validate_scheduler_output(
             so, self.requests, self.limits, not self.model.stage.is_last
         )
+        if self.lora_slots is not None or so.scheduled_new_reqs:
+            load_step_adapters(self.lora_slots, so, checked.cached_req_ids, self.requests)
         if self.pooler is not None:
             self.pooler.begin_step(so)
         self.input_fence.wait()  # the last step's copies have read the host buffers
@@ -111,7 +122,7 @@ class ModelRunner:
             return worker_pb2.ModelRunnerOutput()
         logits_indices, discard, metadata, spec = self._prepare_inputs(so, checked.cached_req_ids)
         num_tokens = so.total_num_scheduled_tokens
-        with torch.inference_mode(), set_forward_context(metadata):
+        with torch.inference_mode(), set_forward_context(metadata, self.lora_mask):
             hidden = self._run_stage(num_tokens)
             self.input_fence.record()  # after the copies of this step's inputs
             if hidden is None:  # a stage before the last: its output went to the next stage
@@ -214,6 +225,7 @@ class ModelRunner:
                 block_ids=list(new.block_ids),
                 num_computed_tokens=new.num_computed_tokens,
                 output_token_ids=list(new.output_token_ids),
+                lora_id=new.lora.id,
             )
             self.requests[new.req_id] = state
             if new.sampling.HasField("prompt_logprobs"):
@@ -339,6 +351,10 @@ class ModelRunner:
             logits_indices = self._on_device(spec.logits_indices)  # [drafts + reqs]
 
         slot_mapping = batch.block_table.compute_slot_mapping(req_indices, positions)
+        self.lora_mask = token_slot_mask(
+            self.lora_slots, batch.lora_ids_np[:num_reqs], req_indices,
+            self.lora_dtype, self.device,
+        )  # fmt: skip
         max_seq_len = int(seq_lens.max())
         metadata = AttentionMetadata(
             num_actual_tokens=num_tokens,

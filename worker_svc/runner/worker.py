@@ -101,6 +101,8 @@ class Worker:
             hidden_size=cfg.hidden_size,
             normalize=self.config.normalize,
             batch_invariant=self.config.batch_invariant,
+            max_loras=self.config.max_loras,
+            max_lora_rank=self.config.max_lora_rank,
         )
 
     @property

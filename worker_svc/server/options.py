@@ -63,6 +63,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         ("max_num_batched_tokens", "most tokens one step may schedule"),
         ("max_logprobs", "most top-n logprobs a request may ask for"),
         ("seed", "seeds the sampling of requests that bring no seed"),
+        ("max_loras", "LoRA adapter slots: most adapters one step may use (0: serve none)"),
+        ("max_lora_rank", "highest LoRA adapter rank the slots hold"),
+        ("max_cpu_loras", "adapters kept on the host, least recently used dropped first "
+         "(0: as many as --max-loras)"),
     ):
         cache.add_argument(
             f"--{name.replace('_', '-')}",
@@ -247,4 +251,7 @@ def worker_config(
         pooling_type=args.pooling_type,
         normalize=args.normalize,
         batch_invariant=args.batch_invariant,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        max_cpu_loras=args.max_cpu_loras,
     )

@@ -69,6 +69,21 @@ class GenerationStub(object):
                 request_serializer=batchwire_dot_v1_dot_generate__pb2.EmbedRequest.SerializeToString,
                 response_deserializer=batchwire_dot_v1_dot_generate__pb2.EmbedResponse.FromString,
                 _registered_method=True)
+        self.LoadLoRAAdapter = channel.unary_unary(
+                '/batchwire.v1.Generation/LoadLoRAAdapter',
+                request_serializer=batchwire_dot_v1_dot_generate__pb2.LoadLoRAAdapterRequest.SerializeToString,
+                response_deserializer=batchwire_dot_v1_dot_generate__pb2.LoadLoRAAdapterResponse.FromString,
+                _registered_method=True)
+        self.UnloadLoRAAdapter = channel.unary_unary(
+                '/batchwire.v1.Generation/UnloadLoRAAdapter',
+                request_serializer=batchwire_dot_v1_dot_generate__pb2.UnloadLoRAAdapterRequest.SerializeToString,
+                response_deserializer=batchwire_dot_v1_dot_generate__pb2.UnloadLoRAAdapterResponse.FromString,
+                _registered_method=True)
+        self.ListLoRAAdapters = channel.unary_unary(
+                '/batchwire.v1.Generation/ListLoRAAdapters',
+                request_serializer=batchwire_dot_v1_dot_generate__pb2.ListLoRAAdaptersRequest.SerializeToString,
+                response_deserializer=batchwire_dot_v1_dot_generate__pb2.ListLoRAAdaptersResponse.FromString,
+                _registered_method=True)
 
 
 class GenerationServicer(object):
@@ -121,6 +136,28 @@ class GenerationServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def LoadLoRAAdapter(self, request, context):
+        """LoRA adapters of the base model (PEFT folders), served by name: GenerateRequest.lora_name
+        picks one. A bad name, path or adapter config is INVALID_ARGUMENT naming the field.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UnloadLoRAAdapter(self, request, context):
+        """Takes the name away at once (NOT_FOUND when it is not loaded); requests already running with
+        the adapter run on to their end, new ones naming it get NOT_FOUND.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListLoRAAdapters(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GenerationServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -158,6 +195,21 @@ def add_GenerationServicer_to_server(servicer, server):
                     servicer.Embed,
                     request_deserializer=batchwire_dot_v1_dot_generate__pb2.EmbedRequest.FromString,
                     response_serializer=batchwire_dot_v1_dot_generate__pb2.EmbedResponse.SerializeToString,
+            ),
+            'LoadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.LoadLoRAAdapter,
+                    request_deserializer=batchwire_dot_v1_dot_generate__pb2.LoadLoRAAdapterRequest.FromString,
+                    response_serializer=batchwire_dot_v1_dot_generate__pb2.LoadLoRAAdapterResponse.SerializeToString,
+            ),
+            'UnloadLoRAAdapter': grpc.unary_unary_rpc_method_handler(
+                    servicer.UnloadLoRAAdapter,
+                    request_deserializer=batchwire_dot_v1_dot_generate__pb2.UnloadLoRAAdapterRequest.FromString,
+                    response_serializer=batchwire_dot_v1_dot_generate__pb2.UnloadLoRAAdapterResponse.SerializeToString,
+            ),
+            'ListLoRAAdapters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListLoRAAdapters,
+                    request_deserializer=batchwire_dot_v1_dot_generate__pb2.ListLoRAAdaptersRequest.FromString,
+                    response_serializer=batchwire_dot_v1_dot_generate__pb2.ListLoRAAdaptersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -349,6 +401,87 @@ class Generation(object):
             '/batchwire.v1.Generation/Embed',
             batchwire_dot_v1_dot_generate__pb2.EmbedRequest.SerializeToString,
             batchwire_dot_v1_dot_generate__pb2.EmbedResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def LoadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/batchwire.v1.Generation/LoadLoRAAdapter',
+            batchwire_dot_v1_dot_generate__pb2.LoadLoRAAdapterRequest.SerializeToString,
+            batchwire_dot_v1_dot_generate__pb2.LoadLoRAAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UnloadLoRAAdapter(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/batchwire.v1.Generation/UnloadLoRAAdapter',
+            batchwire_dot_v1_dot_generate__pb2.UnloadLoRAAdapterRequest.SerializeToString,
+            batchwire_dot_v1_dot_generate__pb2.UnloadLoRAAdapterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListLoRAAdapters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/batchwire.v1.Generation/ListLoRAAdapters',
+            batchwire_dot_v1_dot_generate__pb2.ListLoRAAdaptersRequest.SerializeToString,
+            batchwire_dot_v1_dot_generate__pb2.ListLoRAAdaptersResponse.FromString,
             options,
             channel_credentials,
             insecure,

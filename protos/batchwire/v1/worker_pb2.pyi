@@ -64,7 +64,7 @@ class RequestChoices(_message.Message):
     def __init__(self, choices: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NewRequestData(_message.Message):
-    __slots__ = ("req_id", "prompt_token_ids", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "output_token_ids", "pooling")
+    __slots__ = ("req_id", "prompt_token_ids", "sampling", "block_ids", "num_computed_tokens", "num_scheduled_tokens", "output_token_ids", "pooling", "lora")
     REQ_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class NewRequestData(_message.Message):
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     POOLING_FIELD_NUMBER: _ClassVar[int]
+    LORA_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling: RequestSamplingParams
@@ -81,7 +82,18 @@ class NewRequestData(_message.Message):
     num_scheduled_tokens: int
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     pooling: PoolingParams
-    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[RequestSamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., pooling: _Optional[_Union[PoolingParams, _Mapping]] = ...) -> None: ...
+    lora: LoRAAdapterRef
+    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling: _Optional[_Union[RequestSamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., num_scheduled_tokens: _Optional[int] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., pooling: _Optional[_Union[PoolingParams, _Mapping]] = ..., lora: _Optional[_Union[LoRAAdapterRef, _Mapping]] = ...) -> None: ...
+
+class LoRAAdapterRef(_message.Message):
+    __slots__ = ("id", "name", "path")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    name: str
+    path: str
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., path: _Optional[str] = ...) -> None: ...
 
 class PoolingParams(_message.Message):
     __slots__ = ("normalize", "dimensions")
@@ -206,7 +218,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "max_model_len", "num_blocks", "block_size", "dtype", "device", "tensor_parallel_size", "rank", "max_num_reqs", "eos_token_ids", "pipeline_parallel_size", "pp_rank", "tp_rank", "output_rank", "task", "pooling_type", "hidden_size", "normalize", "batch_invariant")
+    __slots__ = ("model_name", "vocab_size", "max_model_len", "num_blocks", "block_size", "dtype", "device", "tensor_parallel_size", "rank", "max_num_reqs", "eos_token_ids", "pipeline_parallel_size", "pp_rank", "tp_rank", "output_rank", "task", "pooling_type", "hidden_size", "normalize", "batch_invariant", "max_loras", "max_lora_rank")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -227,6 +239,8 @@ class WorkerInfo(_message.Message):
     HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_FIELD_NUMBER: _ClassVar[int]
     BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     max_model_len: int
@@ -247,7 +261,9 @@ class WorkerInfo(_message.Message):
     hidden_size: int
     normalize: bool
     batch_invariant: bool
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., rank: _Optional[int] = ..., max_num_reqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., pipeline_parallel_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., tp_rank: _Optional[int] = ..., output_rank: _Optional[int] = ..., task: _Optional[str] = ..., pooling_type: _Optional[str] = ..., hidden_size: _Optional[int] = ..., normalize: bool = ..., batch_invariant: bool = ...) -> None: ...
+    max_loras: int
+    max_lora_rank: int
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., rank: _Optional[int] = ..., max_num_reqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., pipeline_parallel_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., tp_rank: _Optional[int] = ..., output_rank: _Optional[int] = ..., task: _Optional[str] = ..., pooling_type: _Optional[str] = ..., hidden_size: _Optional[int] = ..., normalize: bool = ..., batch_invariant: bool = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()

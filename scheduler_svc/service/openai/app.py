@@ -29,7 +29,9 @@ from scheduler_svc.service.openai.protocol import (
     CompletionRequest,
     DetokenizeRequest,
     EmbeddingRequest,
+    LoadLoRAAdapterRequest,
     TokenizeRequest,
+    UnloadLoRAAdapterRequest,
 )
 from scheduler_svc.service.openai.responses_api import create as responses_api
 from scheduler_svc.service.openai.responses_api.request import ResponsesRequest
@@ -89,7 +91,24 @@ def build_app(front: FrontContext) -> FastAPI:
         m = ctx.model()
         cards = [{"id": name, "object": "model", "created": ctx.started, "owned_by": "batchwire",
                   "max_model_len": m.max_model_len, "root": m.model_name} for name in ctx.names()]
+        cards += [{"id": lora.lora_name, "object": "model", "created": ctx.started,
+                   "owned_by": "batchwire", "max_model_len": m.max_model_len,
+                   "root": lora.lora_path, "parent": ctx.names()[0]}
+                  for lora in m.loras.listed()]
         return JSONResponse({"object": "list", "data": cards})
+
+    # LoRA adapters at run time, as vLLM's routes: 200 with a line of text; a bad name, path or
+    # adapter config 400 naming the field; an unload of a name not loaded 404.
+    @api.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+    async def load_lora_adapter(body: LoadLoRAAdapterRequest, request: Request) -> Response:
+        lora = context(request).model().loras.load(body.lora_name, body.lora_path)
+        return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' added successfully.")
+
+    @api.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
+    async def unload_lora_adapter(body: UnloadLoRAAdapterRequest, request: Request) -> Response:
+        context(request).model().loras.unload(body.lora_name, body.lora_path or "")
+        return PlainTextResponse(
+            f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
     @api.post("/v1/completions", response_model=responses.CompletionResponse,
               responses={200: {"content": {"text/event-stream": {}}}},

@@ -91,7 +91,7 @@ async def create(body: ChatCompletionRequest, request: Request, ctx: FrontContex
         put(sampling, "json_schema", json.dumps(tools.schema), "tools")
     base = f"chatcmpl-{uuid.uuid4().hex}"
     admitted = await ctx.admit(base, ids, sampling, _names(body, tools), body.priority,
-                               body.cache_salt)
+                               body.cache_salt, ctx.lora_name(model))
     state = _Reply(TokenText(m.tokenizer), logprobs, tools)
     head = {"id": base, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model}

@@ -90,7 +90,7 @@ async def create(body: CompletionRequest, request: Request, ctx: FrontContext) -
     base = f"cmpl-{uuid.uuid4().hex}"
     request_ids = [base] if len(given) == 1 else [f"{base}-{i}" for i in range(len(given))]
     admitted = await ctx.admit_all(request_ids, [ids for _, ids in given], sampling, NAMES,
-                                   body.priority, body.cache_salt)
+                                   body.priority, body.cache_salt, ctx.lora_name(model))
     text_of = TokenText(m.tokenizer)
 
     def choice(i: int, j: int) -> Choice:

@@ -59,12 +59,20 @@ class FrontContext:
         return self.served_model_names or (self.model().model_name,)
 
     def check_model(self, name: str | None) -> str:
-        """The name a response reports: the one asked for, which must be served (404 if not)."""
+        """The name a response reports: the one asked for, which must be served (404 if not):
+        the base model's, or a LoRA adapter's."""
         names = self.names()
         if name is None or name in names:
             return name or names[0]
+        adapters = [lora.lora_name for lora in self.model().loras.listed()]
+        if name in adapters:
+            return name
         raise OpenAIError(404, f"The model `{name}` does not exist; this server serves "
-                          f"{', '.join(names)}", "model", "model_not_found")
+                          f"{', '.join([*names, *adapters])}", "model", "model_not_found")
+
+    def lora_name(self, model: str) -> str:
+        """The adapter a checked `model` names; "" for the base model."""
+        return "" if model in self.names() else model
 
     async def serving(self) -> bool:
         request = health_pb2.HealthCheckRequest(service="")
@@ -73,12 +81,14 @@ class FrontContext:
 
     async def admit(self, request_id: str, prompt_ids: list[int],
                     sampling: generate_pb2.SamplingParams, names: dict[str, str],
-                    priority: int = 0, cache_salt: str | None = None) -> Admitted:
+                    priority: int = 0, cache_salt: str | None = None,
+                    lora_name: str = "") -> Admitted:
         """A tokenized prompt as Generate's GenerationRequest, admitted on Generate's path; a
         refused field comes back under its HTTP name."""
         try:
             request = await generation_request.for_http(request_id, prompt_ids, sampling,
-                                                        self.model(), priority, cache_salt)
+                                                        self.model(), priority, cache_salt,
+                                                        lora_name)
             streams = await self.servicer.admit(request)
         except InvalidRequestError as e:
             raise renamed(e, names) from None
@@ -86,13 +96,14 @@ class FrontContext:
 
     async def admit_all(self, request_ids: list[str], prompts: list[list[int]],
                         sampling: generate_pb2.SamplingParams, names: dict[str, str],
-                        priority: int = 0, cache_salt: str | None = None) -> list[Admitted]:
+                        priority: int = 0, cache_salt: str | None = None,
+                        lora_name: str = "") -> list[Admitted]:
         """Several prompts, all or none: a refusal releases the ones already admitted."""
         admitted: list[Admitted] = []
         try:
             for request_id, ids in zip(request_ids, prompts, strict=True):
                 admitted.append(await self.admit(request_id, ids, sampling, names, priority,
-                                                 cache_salt))
+                                                 cache_salt, lora_name))
                 await asyncio.sleep(0)  # a batch's admissions leave the loop to other clients
         except BaseException:
             for a in admitted:

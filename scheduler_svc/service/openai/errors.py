@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from scheduler_svc.core.errors import InvalidRequestError, WrongTaskError
+from scheduler_svc.service.lora_adapters import UnknownAdapterError
 from scheduler_svc.service.status_codes import status_for
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ _HTTP_STATUS = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.FAILED_PRECONDITION: 400,  # e.g. chat on an embedding server
     grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.NOT_FOUND: 404,  # a LoRA adapter not loaded
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,  # the waiting queue is full
     grpc.StatusCode.UNAVAILABLE: 503,  # loading, draining, no worker left
 }
@@ -138,5 +140,5 @@ def install(app: FastAPI) -> None:
 
     app.add_exception_handler(RequestValidationError, validation)
     app.add_exception_handler(HTTPException, http)
-    for kind in (OpenAIError, ValueError, RuntimeError):
+    for kind in (OpenAIError, ValueError, RuntimeError, UnknownAdapterError):
         app.add_exception_handler(kind, engine)

@@ -154,6 +154,16 @@ class EmbeddingRequest(_Body):
     user: str | None = None
 
 
+class LoadLoRAAdapterRequest(_Body):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLoRAAdapterRequest(_Body):
+    lora_name: str
+    lora_path: str | None = None  # when set, the path it was loaded from
+
+
 class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None

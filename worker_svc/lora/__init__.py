@@ -1,0 +1,1 @@
+"""LoRA adapters: PEFT files read, slots in the model filled, a step's adapters checked."""
