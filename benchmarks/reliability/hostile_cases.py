@@ -269,7 +269,9 @@ def _responses_cases() -> list[Case]:
     """/v1/responses and tool calls: each a 400 naming the field, none a 5xx."""
     s = "\\ud800"
     call = '{"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"}'
-    deep = '{"a": ' * 60 + "1" + "}" * 60
+    # Deeper than any body may nest (body.MAX_DEPTH): refused whatever the model's tool syntax
+    # (60 levels fit under it or not depending on how the model's calls wrap the parameters).
+    deep = '{"a": ' * 70 + "1" + "}" * 70
     bodies = [
         ("lone surrogate in input", f'{{"input": "a{s}"}}'),
         ("lone surrogate in instructions", f'{{"input": "hi", "instructions": "{s}"}}'),
@@ -293,7 +295,7 @@ def _responses_cases() -> list[Case]:
          '{"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}'),
         ("a schema no value satisfies", '{"input": "hi", "text": {"format": {"type": '
          '"json_schema", "name": "x", "schema": {"type": "nope"}}}}'),
-        ("60 nested objects in tool parameters", '{"input": "hi", "tools": [{"type": '
+        ("70 nested objects in tool parameters", '{"input": "hi", "tools": [{"type": '
          f'"function", "name": "f", "parameters": {deep}}}], "tool_choice": "required"}}'),
     ]
     out = [Case("responses API", name, js("/v1/responses", body)) for name, body in bodies]

@@ -76,6 +76,18 @@ class Streams:
             if out.finished:
                 self.finished[out.request_id] = out.finish_reason
 
+    def until_every_request_runs(self, engine, also=lambda: True, timeout_s: float = 60.0):
+        """Steps until each of the workload's requests has tokens (and also() holds), then
+        checks none has finished: every request is mid-generation. A replicated engine's
+        step() makes only the calls whose worker replies are in, so a fixed number of step()
+        calls is not a fixed number of model steps."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.tokens) < NUM_REQUESTS or not also():
+            assert time.monotonic() < deadline, "the requests did not all start"
+            self.take(engine.step())
+        assert all(0 < len(t) < 40 for t in self.tokens.values()) and not self.finished
+        return self
+
 
 def test_replicas_share_the_load_with_the_same_tokens(start_worker, tiny_llama, reference):
     workers = start_workers(start_worker, 2)
@@ -106,9 +118,7 @@ def test_killed_replica_requests_move_and_finish_unchanged(backend, async_schedu
         for i, (prompt, max_tokens) in enumerate(WORKLOAD):
             engine.add_request(prompt, mixed(i, max_tokens), request_id=f"r{i}")
         streams = Streams()
-        for _ in range(8):  # every request is mid-generation
-            streams.take(engine.step())
-        assert all(0 < len(t) < 40 for t in streams.tokens.values())
+        streams.until_every_request_runs(engine)
         workers[1].signal(signal.SIGKILL, rank=0)
         start = time.monotonic()
         while len(engine.replicas) == 2:

@@ -20,11 +20,10 @@ __all__ = ["reference"]  # the fixture: each request's tokens without speculatio
 SPEC = dict(speculative_method="ngram", num_speculative_tokens=4, prompt_lookup_min=1)
 
 
-def run(engine, steps: int | None = None) -> Streams:
+def run(engine) -> Streams:
     streams = Streams()
-    while engine.has_requests() and (steps is None or steps > 0):
+    while engine.has_requests():
         streams.take(engine.step())
-        steps = None if steps is None else steps - 1
     return streams
 
 
@@ -67,10 +66,8 @@ def test_moved_requests_keep_their_tokens(async_scheduling, start_worker, tiny_l
         async_scheduling=async_scheduling, **SPEC))
     try:
         add_workload(engine)
-        # Every request mid-generation, some drafts verified (async: each request runs every
-        # other step, and a step's drafts are counted when the next one is sent).
-        streams = run(engine, steps=12 if async_scheduling else 6)
-        assert accepted(engine)[1] > 0
+        # Every request mid-generation, some drafts verified.
+        streams = Streams().until_every_request_runs(engine, also=lambda: accepted(engine)[1] > 0)
         workers[1].signal(signal.SIGKILL, rank=0)
         start = time.monotonic()
         while len(engine.replicas) == 2:
