@@ -150,24 +150,42 @@ def test_a_cut_worker_stalls_no_stream_of_the_other(cluster, tiny_llama_with_tok
     assert {(r["finish_reason"], r["finishes"], r["error"]) for r in results.values()} == {
         ("length", 1, None)}
 
+    # When the scheduler declared the cut worker failed and moved its requests: from then on the
+    # other worker also recomputes the moved requests (their prompts and the tokens they had),
+    # so its next step is longer than any before the cut. That is the load a move brings, not a
+    # stall; the stall this test is about is the wait for the failure to be noticed.
+    failed_line = [x for x in cluster.scheduler.log_text().splitlines()
+                   if REPLICA_FAILED.search(x)][-1]
+    failed_at = cut_at + logged_at(failed_line) - cut_wall
     figures = {}
     for stream_id, r in results.items():
         before = [t for t in r["times"] if t < cut_at]
+        waiting = [before[-1], *(t for t in r["times"] if cut_at <= t <= failed_at)]
         after = [before[-1], *(t for t in r["times"] if t >= cut_at)]
         assert after[1:], f"{stream_id} finished before the cut: streams too short"
         usual = gaps(before)
-        figures[stream_id] = (statistics.median(usual), max(usual), max(gaps(after)),
+        bar = 2 * statistics.median(usual) + max(usual)
+        figures[stream_id] = (statistics.median(usual), max(usual),
+                              sorted(gaps(waiting), reverse=True)[:2], bar, max(gaps(after)),
                               next(t for t, g in zip(after[1:], gaps(after), strict=True)
                                    if g == max(gaps(after))) - cut_at)
     # The cut worker's streams waited for its failure to be noticed (missed heartbeats), then
-    # moved; the other worker's went on at their own pace: worst gap after the cut at most twice
-    # their usual (median) gap plus one step, the longest step each took before the cut.
-    moved = {i for i, (_, _, worst, _) in figures.items() if worst > 2 * HEARTBEAT_S}
-    kept = {i for i, (median, longest, worst, _) in figures.items()
-            if worst <= 2 * median + longest}
-    report = "\n".join(f"{i}: median {m * 1e3:.1f} ms, longest before {lb * 1e3:.1f} ms, "
-                       f"worst after {w * 1e3:.1f} ms (ending {e:.2f} s after the cut)"
-                       for i, (m, lb, w, e) in sorted(figures.items()))
+    # moved. The other worker's went on at their own pace while the cut one was waited for: until
+    # the failure was declared, their gaps stayed within twice their usual (median) gap plus one
+    # step (the longest each took before the cut), all but at most one: on 2 cores shared with
+    # the suite's other test process, one gap in a second may be a preemption (a fresh-clone run
+    # saw one 130 ms gap on all four at once, 0.4 s before the failure was declared). A stall
+    # by the engine lasts the whole wait (1.2 s with the old lockstep engine): no gap of theirs,
+    # the take-over step included, may come near the wait for a failure to be noticed.
+    moved = {i for i, (*_, worst, _) in figures.items() if worst > 2 * HEARTBEAT_S}
+    kept = {i for i, (_, _, waiting, bar, worst, _) in figures.items()
+            if (len(waiting) < 2 or waiting[1] <= bar) and worst < HEARTBEAT_S / 2}
+    report = "\n".join(
+        f"{i}: median {m * 1e3:.1f} ms, longest before {lb * 1e3:.1f} ms, worst two until the "
+        f"failure {[round(g * 1e3, 1) for g in wt]} ms (bar {b * 1e3:.1f}), worst after the cut "
+        f"{w * 1e3:.1f} ms (ending {e:.2f} s after the cut)"
+        for i, (m, lb, wt, b, w, e) in sorted(figures.items()))
+    report += f"\nthe cut worker was declared failed {failed_at - cut_at:.2f} s after the cut"
     print(f"\n{report}")
     assert len(moved) == 4 and kept == set(results) - moved, report
 
