@@ -2,9 +2,10 @@
 
 gguf.GGUFReader parses every element of every array into numpy (the tokenizer's 49,152 tokens and
 merges), which takes about 9 s for the embedded SmolLM2 on a loaded 2-core machine; the server
-needs a few scalar keys and the tensor types, so this reader skips array elements it is not asked
-for. Layout (GGUF v2/v3, little-endian): magic, version, tensor count, metadata count, the metadata
-(key, type, value), then per tensor: name, dims, type, offset; the tensors' data starts at the
+needs a few scalar keys, and the worker those and the tensor table (worker_svc/loaders/gguf_file.py
+maps the data itself), so this reader skips the arrays, keeping only their lengths. Layout (GGUF
+v2/v3, little-endian): magic, version, tensor count, metadata count, the metadata (key, type,
+value), then per tensor: name, dims, type, offset; the tensors' data starts at the
 next multiple of `general.alignment` (32 by default) after the header.
 """
 
