@@ -1,4 +1,4 @@
-"""The header of a GGUF file: its metadata and the storage type of each tensor, without the data.
+"""The header of a GGUF file: its metadata and its tensor table (names, shapes, types, offsets).
 
 gguf.GGUFReader parses every element of every array into numpy (the tokenizer's 49,152 tokens and
 merges), which takes about 9 s for the embedded SmolLM2 on a loaded 2-core machine; the server
