@@ -104,6 +104,12 @@ def run_rank(model, rank, pp, tp, init_method, results):
         pipeline_parallel_size=pp, rank=rank, distributed_init_method=init_method,
     )  # fmt: skip
     results.put((rank, drive_rank(Worker(config), rank)))
+    # Leave the group together: a rank that exits while its peer's gloo threads still talk to it
+    # can die in C++ teardown ("terminate called without an active exception", SIGABRT; once in
+    # a fresh-clone run) although its results were sent.
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 def drive_rank(worker, rank: int) -> dict:

@@ -321,6 +321,12 @@ def run_rank_with_drafts(model, rank, size, init_method, expected, results):
     ))  # fmt: skip
     out, driver = drive_tp_prompts(worker, oracle(expected, wrong_at=2))
     results.put((rank, out, driver.num_drafted, driver.num_accepted))
+    # Leave the group together (see test_pipeline_parallel.run_rank).
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def test_tensor_parallel_ranks_verify_the_same_drafts(tiny_checkpoints):

@@ -32,6 +32,12 @@ def run_rank(model, rank, size, init_method, max_tokens, results):
     # Every rank gets every step; rank 0's answer is the one that counts.
     out = drive(worker, max_tokens)
     results.put((rank, worker.num_blocks, worker.get_info().tensor_parallel_size, out))
+    # Leave the group together (see test_pipeline_parallel.run_rank).
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def drive(worker, max_tokens: int) -> dict[str, list[int]]:
