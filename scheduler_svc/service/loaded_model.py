@@ -30,7 +30,7 @@ class LoadedModel:
     eos_token_ids: list[int]
     dtype: str
     transport: str
-    workers: Callable[[], list[Any]]  # the worker groups now, as server.WorkerView
+    workers: Callable[[], list[Any]]  # the worker groups now, as model_loading.WorkerView
     task: str = "generate"  # what the workers serve: "generate" or "embed"
     pooling_type: str = ""  # on an embedding server
     hidden_size: int = 0  # an embedding's length without `dimensions`

@@ -12,8 +12,6 @@ SERVING again once one is.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import importlib.metadata
 import json
 import logging
 import os
@@ -25,201 +23,31 @@ from concurrent.futures import Future
 from typing import Any
 
 import grpc
-from batchwire.common.model_files import describe_weights
-from batchwire.common.ports import PortRequest, check_free, is_free
+from batchwire.common.ports import PortRequest, check_free
 from batchwire.v1 import generate_pb2_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from tqdm import tqdm
 
-from scheduler_svc.config import SchedulerConfig
 from scheduler_svc.core.generation_config import GenerationConfig, load_generation_config
-from scheduler_svc.core.pooling import PoolingParams
-from scheduler_svc.core.sampling_params import SamplingParams
-from scheduler_svc.core.tokenizer import load_tokenizer
-from scheduler_svc.core.tool_calls import choose_format
 from scheduler_svc.engine.async_engine import AsyncEngine
-from scheduler_svc.engine.replicas import Replica, ReplicatedEngine
-from scheduler_svc.executors.base import Executor
+from scheduler_svc.engine.replicas import ReplicatedEngine
 from scheduler_svc.service.generation_servicer import SERVICE_NAME, GenerationServicer
 from scheduler_svc.service.loaded_model import LoadedModel
-from scheduler_svc.service.lora_adapters import LoRAAdapters
 from scheduler_svc.service.metrics import SchedulerMetrics, serve_metrics
+from scheduler_svc.service.model_loading import describe, load_model, version, warm_up
 from scheduler_svc.service.registry import SERVICE_NAME as REGISTRY_SERVICE_NAME
 from scheduler_svc.service.registry import WorkerRegistryServicer, add_registry_to_server
 from scheduler_svc.service.request_parsing import ParseInHandler
-from scheduler_svc.service.security import ServerTls, add_port, interceptors, start_health_server
+from scheduler_svc.service.security import add_port, interceptors, start_health_server
+from scheduler_svc.service.server_config import ServerConfig, ports_to_open, with_free_side_ports
 from scheduler_svc.service.status_codes import ServerStoppingError
-from scheduler_svc.service.wire import longest_token_chars
 
 logger = logging.getLogger(__name__)
 
 REPLICA_WATCH_S = 0.25  # how often health looks at the replicas
 # After a second signal: the cut streams' errors go out within this, else the process exits.
 STOP_NOW_S = 5.0
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ServerConfig:
-    scheduler: SchedulerConfig = dataclasses.field(default_factory=SchedulerConfig)
-    host: str = "127.0.0.1"  # loopback: nothing here is reachable from elsewhere unless asked
-    port: int = 50051  # 0 = any free port (written to ready_file)
-    metrics_host: str = "127.0.0.1"
-    metrics_port: int | None = 9090  # None = no metrics server; 0 = any free port
-    ready_file: str | None = None  # JSON with the bound ports, written once bound
-    drain_timeout_s: float = 600.0  # the longest in-flight requests may take after SIGTERM
-    max_message_bytes: int = 16 << 20  # each way; a 2k-token prompt is ~10 KB
-    # Clients behind NATs and load balancers ping to keep idle connections open; accept pings
-    # every 10 s or more (gRPC's server default refuses more than one per 5 minutes).
-    min_client_ping_interval_s: float = 10.0
-    keepalive_time_s: float = 60.0  # the server pings an idle client this often ...
-    keepalive_timeout_s: float = 20.0  # ... and drops it when the answer takes longer
-    # Connections are closed after this long (plus grace for streams in flight) so that clients
-    # reconnect and spread over the replicas behind a Kubernetes Service.
-    max_connection_age_s: float = 600.0
-    max_connection_age_grace_s: float = 600.0
-    progress: bool = True  # progress bar while the model loads
-    # Worker groups started by the scheduler (data parallel); 0 with no configured addresses:
-    # serve once the first group registers (`batchwire worker --scheduler-address`).
-    replicas: int = 1
-    tls: ServerTls | None = None  # the client port speaks TLS (mutual with a client CA)
-    api_key_file: str | None = None  # clients must send `authorization: Bearer <key>`
-    health_port: int | None = None  # plaintext port serving health checks alone (probes)
-    # Kubernetes: drive the pods this label selector picks (scheduler_svc/discovery.py).
-    discover_workers: str | None = None
-    discovery_namespace: str | None = None  # None: the pod's own namespace
-    worker_drain_timeout_s: float = 120.0  # a leaving worker's running requests may finish there
-    # The OpenAI-compatible HTTP API (service/openai/): None = none; 0 = any free port.
-    http_port: int | None = 8000
-    served_model_names: tuple[str, ...] = ()  # what /v1/models lists; () = the model's name
-    max_request_bytes: int | None = None  # HTTP bodies; None: sized from the model (body.py)
-    # A busy metrics or HTTP port is swapped for a free one (and said so) instead of stopping
-    # the server: `make run` on a desktop where something else holds 8000 or 9090.
-    side_ports_fallback: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port < 65536:
-            raise ValueError(f"port must be in [0, 65536), got {self.port}")
-        if self.http_port is not None and not 0 <= self.http_port < 65536:
-            raise ValueError(f"http_port must be in [0, 65536), got {self.http_port}")
-        if self.metrics_port is not None and not 0 <= self.metrics_port < 65536:
-            raise ValueError(f"metrics_port must be in [0, 65536), got {self.metrics_port}")
-        for name in ("drain_timeout_s", "min_client_ping_interval_s", "keepalive_time_s",
-                     "keepalive_timeout_s", "max_connection_age_s", "max_connection_age_grace_s"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.replicas < 0:
-            raise ValueError(f"replicas must be at least 0, got {self.replicas}")
-        if self.max_request_bytes is not None and self.max_request_bytes < 1 << 10:
-            raise ValueError(f"max_request_bytes must be at least 1 KiB, got "
-                             f"{self.max_request_bytes}")
-        if self.max_message_bytes < 1 << 16:
-            raise ValueError(f"max_message_bytes must be at least 64 KiB, got "
-                             f"{self.max_message_bytes}")
-
-    def grpc_options(self) -> list[tuple[str, Any]]:
-        ms = lambda s: int(s * 1000)  # noqa: E731
-        return [
-            ("grpc.max_receive_message_length", self.max_message_bytes),
-            ("grpc.max_send_message_length", self.max_message_bytes),
-            ("grpc.keepalive_permit_without_calls", 1),
-            ("grpc.http2.min_ping_interval_without_data_ms", ms(self.min_client_ping_interval_s)),
-            ("grpc.http2.max_ping_strikes", 2),
-            ("grpc.keepalive_time_ms", ms(self.keepalive_time_s)),
-            ("grpc.keepalive_timeout_ms", ms(self.keepalive_timeout_s)),
-            ("grpc.max_connection_age_ms", ms(self.max_connection_age_s)),
-            ("grpc.max_connection_age_grace_ms", ms(self.max_connection_age_grace_s)),
-            # Without this a second server on the same port starts silently and splits traffic.
-            ("grpc.so_reuseport", 0),
-        ]
-
-
-def version() -> str:
-    try:
-        return importlib.metadata.version("batchwire")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def load_model(config: SchedulerConfig, progress: bool = True, replicas: int = 1,
-               executors: list[Executor] | None = None) -> tuple[ReplicatedEngine, Any]:
-    """The tokenizer and an engine whose workers are loaded and hold their KV cache.
-
-    A server always runs a ReplicatedEngine, even over one worker group: when that group fails,
-    its requests end with UNAVAILABLE and the engine waits for a group to join, where an
-    EngineCore would be gone for good."""
-    # disable=None: no bar where stderr is not a terminal (a log file would get \r fragments).
-    with tqdm(total=2, disable=None if progress else True,
-              bar_format="{desc} ({n}/{total}) [{elapsed}]") as bar:
-        bar.set_description_str("Loading the tokenizer")
-        tokenizer = load_tokenizer(config.model)
-        bar.update()
-        bar.set_description_str("Loading the model and allocating the KV cache")
-        # Configured addresses name the groups; otherwise each executor starts its own.
-        if executors is None and not config.worker_addresses:
-            executors = [Executor.get_class(config)(config) for _ in range(replicas)]
-        core = ReplicatedEngine(config, executors, tokenizer=tokenizer)
-        bar.update()
-        bar.set_description_str("Loaded")
-    return core, tokenizer
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class WorkerView:
-    address: str  # its ranks' addresses, comma-separated; "in-process" for the uni transport
-    state: str  # "ready", "draining" or "failed"
-    device: str
-    tensor_parallel_size: int
-    batch_invariant: bool  # started with --batch-invariant
-
-
-def _worker_view(replica: Replica) -> WorkerView:
-    executor, info = replica.core.executor, replica.core.info
-    addresses = executor.addresses or ["in-process"]
-    state = "failed" if executor.failed else "draining" if replica.draining else "ready"
-    return WorkerView(",".join(addresses), state, info.device, info.tensor_parallel_size or 1,
-                      info.batch_invariant)
-
-
-def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine,
-             generation: GenerationConfig) -> LoadedModel:
-    """The model as the first replica serves it; every replica that joins serves the same."""
-    first = core.replicas[0].core
-    scheduler, info = first.scheduler, first.info
-
-    def workers() -> list[WorkerView]:  # replicas come and go while the engine serves
-        return [_worker_view(r) for r in list(core.replicas)]
-
-    loras = LoRAAdapters(info.max_loras, info.max_lora_rank, info.model_name)
-    for name, path in core.config.lora_modules:  # --lora-modules: a bad one stops the start
-        loras.load(name, path)
-    return LoadedModel(
-        loras=loras, engine=engine, tokenizer=tokenizer, config=core.config,
-        model_name=info.model_name,
-        vocab_size=scheduler.vocab_size, max_model_len=scheduler.max_model_len,
-        max_num_seqs=scheduler.max_num_seqs,
-        max_num_batched_tokens=scheduler.max_num_batched_tokens,
-        eos_token_ids=sorted(scheduler.eos_token_ids), dtype=info.dtype,
-        transport=first.executor.transport or "uni", workers=workers,
-        task=first.scheduler.task, pooling_type=info.pooling_type, hidden_size=info.hidden_size,
-        max_prompt_chars=scheduler.max_model_len * longest_token_chars(tokenizer),
-        generation_config=generation, weights=describe_weights(core.config.model, info.dtype),
-        tool_format=choose_format(core.config.tool_call_parser,
-                                  getattr(tokenizer, "chat_template", None)))
-
-
-async def warm_up(engine: AsyncEngine, tokenizer: Any, task: str = "generate",
-                  vocab_size: int | None = None) -> None:
-    """One short request through every stage: scheduler, worker, sampler (or pooler),
-    detokenizer."""
-    ids = [i for i in tokenizer("Hello").input_ids if vocab_size is None or i < vocab_size]
-    ids = ids or [0]
-    pooling = PoolingParams() if task == "embed" else None
-    stream = await engine.add_request("warm-up", ids, SamplingParams(temperature=0, max_tokens=2),
-                                      pooling=pooling)
-    async for _ in stream:
-        pass
 
 
 def _in_thread(fn: Any, *args: Any) -> asyncio.Future:
@@ -510,35 +338,6 @@ def _again(sig: int) -> str:
 
 def _port_or_off(port: int | None) -> str:
     return f"port {port}" if port is not None else "off"
-
-
-def ports_to_open(cfg: ServerConfig) -> list[PortRequest]:
-    ports = [PortRequest("gRPC", cfg.host, cfg.port, "--port")]
-    if cfg.health_port is not None:
-        ports.append(PortRequest("health", cfg.host, cfg.health_port, "--health-port"))
-    return ports + side_ports(cfg)
-
-
-def side_ports(cfg: ServerConfig) -> list[PortRequest]:
-    """The ports beside the client port: HTTP and metrics."""
-    ports = []
-    if cfg.http_port is not None:
-        ports.append(PortRequest("HTTP", cfg.host, cfg.http_port, "--http-port",
-                                 ", or serve no HTTP with --no-http"))
-    if cfg.metrics_port is not None:
-        ports.append(PortRequest("metrics", cfg.metrics_host, cfg.metrics_port,
-                                 "--metrics-port", ", or serve none with --no-metrics"))
-    return ports
-
-
-def with_free_side_ports(cfg: ServerConfig) -> tuple[ServerConfig, list[PortRequest]]:
-    """The config with any busy metrics or HTTP port replaced by 0 (any free port), and the
-    requests that were busy."""
-    busy = [r for r in side_ports(cfg) if not is_free(r)]
-    whats = {r.what for r in busy}
-    return dataclasses.replace(
-        cfg, http_port=0 if "HTTP" in whats else cfg.http_port,
-        metrics_port=0 if "metrics" in whats else cfg.metrics_port), busy
 
 
 def _cli_command() -> str:
