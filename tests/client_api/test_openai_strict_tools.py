@@ -9,6 +9,7 @@ strict tool's grammar must rule out. parallel_tool_calls false holds it to the f
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 
 import grpc
@@ -56,12 +57,16 @@ def _fits(call) -> bool:
 
 
 def test_a_strict_tool_under_auto_gets_only_calls_that_fit(client):  # noqa: F811
-    def sampled(strict: bool, seed: int):
+    def sampled(strict_seed: tuple[bool, int]):
+        strict, seed = strict_seed
         return client.chat.completions.create(
             model=MODEL, messages=TWO_CITIES, tools=[_weather(strict)], max_tokens=MAX_TOKENS,
             temperature=1.0, seed=seed).choices[0]
 
-    strict = [sampled(True, seed) for seed in SEEDS]
+    # All at once: the engine batches them (a seed decides each one's sampling).
+    with concurrent.futures.ThreadPoolExecutor(2 * len(SEEDS)) as pool:
+        replies = list(pool.map(sampled, [(s, seed) for s in (True, False) for seed in SEEDS]))
+    strict, loose = replies[:len(SEEDS)], replies[len(SEEDS):]
     calls = [c for choice in strict for c in choice.message.tool_calls or ()]
     assert calls and all(_fits(c) for c in calls), [(c.function.name, c.function.arguments)
                                                    for c in calls]
@@ -69,7 +74,6 @@ def test_a_strict_tool_under_auto_gets_only_calls_that_fit(client):  # noqa: F81
         assert "<tool_call>" not in (choice.message.content or "")
         assert choice.finish_reason == ("tool_calls" if choice.message.tool_calls else "stop")
     # The same seeds without strict: the model's own calls do not all fit (the test's point).
-    loose = [sampled(False, seed) for seed in SEEDS]
     assert not all(_fits(c) for choice in loose for c in choice.message.tool_calls or ())
 
     chunks = list(client.chat.completions.create(
@@ -91,32 +95,34 @@ def test_a_strict_tool_still_lets_the_model_answer_in_text(client):  # noqa: F81
 
 
 def test_parallel_tool_calls_false_makes_one_call_chat_and_responses(client):  # noqa: F811
-    def chat(**fields):
-        return client.chat.completions.create(model=MODEL, messages=TWO_CITIES,
-                                              tools=[_weather(False)], max_tokens=MAX_TOKENS,
-                                              temperature=0, **fields).choices[0]
-
-    both = chat()  # the model's own choice: two calls
-    assert [json.loads(c.function.arguments) for c in both.message.tool_calls] == [
-        {"city": "Paris"}, {"city": "London"}]
-    one = chat(parallel_tool_calls=False)
-    assert [json.loads(c.function.arguments) for c in one.message.tool_calls] == [
-        {"city": "Paris"}]
-    assert one.finish_reason == "tool_calls"
-
     items = [{"role": "user", "content": TWO_CITIES[0]["content"]},
              *({"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
                 "arguments": c["function"]["arguments"]} for c in TWO_CITIES[1]["tool_calls"]),
              {"role": "user", "content": TWO_CITIES[2]["content"]}]
     function = {"type": "function", "name": "get_weather", "parameters": CITY, "strict": True}
-    for stream in (False, True):
+
+    def chat(**fields):
+        return client.chat.completions.create(model=MODEL, messages=TWO_CITIES,
+                                              tools=[_weather(False)], max_tokens=MAX_TOKENS,
+                                              temperature=0, **fields).choices[0]
+
+    def responses(stream: bool):
         kwargs = dict(model=MODEL, input=items, tools=[function], max_output_tokens=MAX_TOKENS,
                       temperature=0, parallel_tool_calls=False)
         if stream:
-            events = list(client.responses.create(stream=True, **kwargs))
-            reply = events[-1].response
-        else:
-            reply = client.responses.create(**kwargs)
+            return list(client.responses.create(stream=True, **kwargs))[-1].response
+        return client.responses.create(**kwargs)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:  # batched, as above
+        both, one = pool.submit(chat), pool.submit(chat, parallel_tool_calls=False)
+        whole, streamed = pool.submit(responses, False), pool.submit(responses, True)
+    # The model's own choice: two calls; with parallel_tool_calls false, the first alone.
+    assert [json.loads(c.function.arguments) for c in both.result().message.tool_calls] == [
+        {"city": "Paris"}, {"city": "London"}]
+    assert [json.loads(c.function.arguments) for c in one.result().message.tool_calls] == [
+        {"city": "Paris"}]
+    assert one.result().finish_reason == "tool_calls"
+    for reply in (whole.result(), streamed.result()):
         assert reply.parallel_tool_calls is False
         assert [(o.type, json.loads(o.arguments)) for o in reply.output] == [
             ("function_call", {"city": "Paris"})]
