@@ -114,3 +114,11 @@ def test_a_schema_the_grammar_cannot_hold_is_refused_naming_the_tool(schema, wor
     # Not strict under auto: the schema is only shown to the model, never compiled.
     loose = plan_tools([ToolSpec("f", None, schema)], None, None, FORMATS["hermes"])
     assert tool_constraint(loose) is None
+
+
+def test_too_many_strict_tools_for_one_grammar_are_refused_naming_tools():
+    big = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(200)}}
+    tools = [ToolSpec(f"f{i}", None, big, strict=True) for i in range(40)]
+    with pytest.raises(InvalidRequestError, match="grammar is .* characters long") as e:
+        tool_constraint(plan_tools(tools, None, None, FORMATS["hermes"]))
+    assert e.value.field == "tools"

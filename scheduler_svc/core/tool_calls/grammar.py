@@ -49,10 +49,14 @@ def tool_constraint(plan: ToolPlan) -> tuple[str, str] | None:
         if tool.strict:
             _check_schema(plan, i, tool)
     try:
-        return "grammar", structural_tag_ebnf(tag_json(tagged_calls(plan.fmt, plan.tools,
-                                                                    plan.single)))
+        text = structural_tag_ebnf(tag_json(tagged_calls(plan.fmt, plan.tools, plan.single)))
     except ValueError as e:
         raise InvalidRequestError("tools", f"the tool-call grammar does not build: {e}") from None
+    try:  # the bounds of any grammar (size), refused here under the tools' name on every front
+        constraint_from_fields(grammar=text)
+    except InvalidRequestError as e:
+        raise InvalidRequestError("tools", f"their tool-call grammar {e.message}") from None
+    return "grammar", text
 
 
 def tagged_calls(fmt: ToolCallFormat, tools: list[ToolSpec], single: bool) -> dict[str, Any]:
