@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from typing import Any
 
 from batchwire.v1 import generate_pb2
@@ -22,7 +21,7 @@ from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.core.tool_calls import ToolPlan
 from scheduler_svc.service import wire
 from scheduler_svc.service.loaded_model import LoadedModel
-from scheduler_svc.service.tool_wire import tool_plan
+from scheduler_svc.service.tool_wire import constrain, tool_plan
 
 
 @dataclasses.dataclass(slots=True)
@@ -59,10 +58,10 @@ async def parse(msg: generate_pb2.GenerateRequest, m: LoadedModel) -> Generation
     request_id = wire.request_id(msg)
     tools = tool_plan(msg, m.tool_format)
     sampling = msg.sampling
-    if tools.schema is not None:  # a constrained call: its JSON Schema is the constraint
+    if tools.constrained or tools.tagged:  # the tools' constraint joins the sampling fields
         sampling = generate_pb2.SamplingParams()
         sampling.CopyFrom(msg.sampling)
-        sampling.json_schema = json.dumps(tools.schema)
+        await constrain(tools, sampling, f"sampling.{sampling.WhichOneof('constraint')}")
     params = _sampling(sampling, msg.priority, m)
     wire.check_prompt_chars(msg, m.max_prompt_chars, m.max_model_len)
     field, ids = await tokenized(msg, m.tokenizer, tools=tools)

@@ -1,8 +1,10 @@
-"""Tools on the Generation wire: a GenerateRequest's tools and tool choice as a ToolPlan, its
-messages as the chat template's conversation, and parsed calls back as protobuf."""
+"""Tools on the Generation wire: a GenerateRequest's tools and tool choice as a ToolPlan, what
+the plan constrains in a SamplingParams message (every front's), its messages as the chat
+template's conversation, and parsed calls back as protobuf."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -16,6 +18,7 @@ from scheduler_svc.core.tool_calls import (
     ToolSpec,
     past_call,
     plan_tools,
+    tool_constraint,
 )
 
 _CHOICES = {
@@ -39,7 +42,7 @@ def tool_specs(msg: generate_pb2.GenerateRequest) -> list[ToolSpec]:
             if not isinstance(parameters, dict):
                 raise InvalidRequestError(f"tools[{i}].parameters", "must be a JSON object "
                                           "(a JSON Schema)")
-        specs.append(ToolSpec(tool.name, tool.description or None, parameters))
+        specs.append(ToolSpec(tool.name, tool.description or None, parameters, tool.strict))
     return specs
 
 
@@ -52,12 +55,26 @@ def tool_plan(msg: generate_pb2.GenerateRequest, fmt: ToolCallFormat | None) -> 
     if msg.tool_choice_function and choice != "function":
         raise InvalidRequestError("tool_choice_function", "set only with "
                                   "TOOL_CHOICE_FUNCTION")
-    plan = plan_tools(tool_specs(msg), choice, msg.tool_choice_function or None, fmt,
-                      "tools[{}].name")
-    if plan.constrained and msg.sampling.WhichOneof("constraint") is not None:
-        raise InvalidRequestError("tool_choice", "a constrained call cannot be combined with "
-                                  f"sampling.{msg.sampling.WhichOneof('constraint')}")
-    return plan
+    parallel = not msg.HasField("parallel_tool_calls") or msg.parallel_tool_calls
+    return plan_tools(tool_specs(msg), choice, msg.tool_choice_function or None, fmt, "tools[{}]",
+                      parallel)
+
+
+async def constrain(plan: ToolPlan, sampling: generate_pb2.SamplingParams, other: str) -> None:
+    """Sets the constraint the plan asks for (a call's JSON, or auto's grammar of tagged calls)
+    in `sampling`. One set there already (`other` names its request field) is refused: a
+    request has one constraint. Off the event loop: the schemas are checked with xgrammar,
+    whose first import takes seconds."""
+    if not (plan.constrained or plan.tagged):
+        return
+    if sampling.WhichOneof("constraint") is not None:
+        asked = ("tool_choice auto with a strict tool or parallel_tool_calls false"
+                 if plan.tagged else "a tool_choice that names the call (required, a function)")
+        raise InvalidRequestError(other, f"cannot be combined with {asked}, which constrains "
+                                  "the output itself")
+    got = await asyncio.get_running_loop().run_in_executor(None, tool_constraint, plan)
+    assert got is not None
+    setattr(sampling, *got)
 
 
 def conversation(messages: Any) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """A Go client built from the .proto files alone (protoc with protoc-gen-go and
 protoc-gen-go-grpc, Debian's Go packages, no module download) streams a completion, samples
-n = 2 with prompt logprobs, and reads an INVALID_ARGUMENT, as a Python client does.
+n = 2 with prompt logprobs, reads an INVALID_ARGUMENT, and gets the tool calls of a chat with a
+strict tool (parallel, and with parallel_tool_calls false), as a Python client does.
 
 The Go packages come from apt when missing (CI runs as root with Debian's registry reachable).
 Not golang-goprotobuf-dev: on Debian 12 it pulls protoc-gen-go 1.3, which refuses proto3
@@ -115,4 +116,12 @@ def test_go_client_streams_samples_n_and_reads_a_status(server, go_client):
     refusal = result["refusal"]
     assert refusal["code"] == "InvalidArgument"
     assert refusal["message"].startswith("sampling.n: 0"), refusal
+
+    # What test_openai_strict_tools.py checks in Python, the same request from Go.
+    for name, cities in (("parallel", ["Paris", "London"]), ("single", ["Paris"])):
+        reply = result["tools"][name]
+        assert reply["finish_reason"] == "stop", reply  # Generate's reason: the text ended
+        assert [(c["name"], json.loads(c["arguments"])) for c in reply["calls"]] == [
+            ("get_weather", {"city": city}) for city in cities], reply
+        assert all(c["id"].startswith("call_") for c in reply["calls"])
     server.wait_idle()

@@ -110,7 +110,7 @@ def test_generate_refuses_bad_tools_naming_the_field(server):
         ({"tool_choice": generate_pb2.TOOL_CHOICE_REQUIRED}, "tool_choice"),
         ({"tools": [tool], "tool_choice_function": "f"}, "tool_choice_function"),
         ({"tools": [tool], "tool_choice": generate_pb2.TOOL_CHOICE_REQUIRED,
-          "sampling": generate_pb2.SamplingParams(json_object=True)}, "tool_choice"),
+          "sampling": generate_pb2.SamplingParams(json_object=True)}, "sampling.json_object"),
     ]
     for fields, field in cases:
         request = generate_pb2.GenerateRequest(messages=hi, **fields)

@@ -2,7 +2,8 @@
 // test time by protoc-gen-go and protoc-gen-go-grpc; see tests/client_api/test_go_client.py).
 // Usage: client HOST:PORT PROMPT MAX_TOKENS
 // Prints one JSON object: a streamed greedy completion, an n = 2 request with prompt logprobs,
-// and the status of a request with a bad field.
+// the status of a request with a bad field, and the tool calls of a chat with a strict tool
+// under TOOL_CHOICE_AUTO, with parallel calls and with parallel_tool_calls false.
 package main
 
 import (
@@ -42,7 +43,49 @@ type refusal struct {
 	Message string `json:"message"`
 }
 
+type call struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+type toolReply struct {
+	Calls        []call `json:"calls"`
+	FinishReason string `json:"finish_reason"`
+}
+
 func ptr[T any](v T) *T { return &v }
+
+// The model was shown one turn that called get_weather for two cities; asked about two more, it
+// calls it again. The last message of the sequence carries the calls its text holds.
+func toolCalls(ctx context.Context, client pb.GenerationClient, parallel bool) (toolReply, error) {
+	city := `{"type": "object", "properties": {"city": {"type": "string"}}, ` +
+		`"required": ["city"], "additionalProperties": false}`
+	earlier := []*pb.ToolCall{
+		{Id: "call_1", Name: "get_weather", Arguments: `{"city": "Rome"}`},
+		{Id: "call_2", Name: "get_weather", Arguments: `{"city": "Oslo"}`},
+	}
+	req := &pb.GenerateRequest{
+		Messages: []*pb.ChatMessage{
+			{Role: "user", Content: "Weather in Rome and in Oslo?"},
+			{Role: "assistant", ToolCalls: earlier},
+			{Role: "user", Content: "Weather in Paris and in London?"},
+		},
+		Tools:             []*pb.Tool{{Name: "get_weather", Parameters: city, Strict: true}},
+		ParallelToolCalls: ptr(parallel),
+		Sampling:          &pb.SamplingParams{Temperature: ptr(float32(0)), MaxTokens: ptr(int32(50))},
+	}
+	var reply toolReply
+	err := stream(ctx, client, req, func(m *pb.GenerateResponse) {
+		for _, c := range m.ToolCalls {
+			reply.Calls = append(reply.Calls, call{c.Id, c.Name, c.Arguments})
+		}
+		if m.FinishReason != nil {
+			reply.FinishReason = *m.FinishReason
+		}
+	})
+	return reply, err
+}
 
 func stream(ctx context.Context, client pb.GenerationClient, req *pb.GenerateRequest,
 	each func(*pb.GenerateResponse)) error {
@@ -131,7 +174,15 @@ func main() {
 	st := status.Convert(err)
 	bad.Code, bad.Message = st.Code().String(), st.Message()
 
-	out, _ := json.Marshal(map[string]any{"completion": one, "parallel": two, "refusal": bad})
+	tools := map[string]toolReply{}
+	for name, parallel := range map[string]bool{"parallel": true, "single": false} {
+		if tools[name], err = toolCalls(ctx, client, parallel); err != nil {
+			fail("tool calls", err)
+		}
+	}
+
+	out, _ := json.Marshal(map[string]any{"completion": one, "parallel": two, "refusal": bad,
+		"tools": tools})
 	fmt.Println(string(out))
 }
 

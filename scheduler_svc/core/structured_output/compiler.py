@@ -34,7 +34,7 @@ COMPILE_TIMEOUT_S = 10.0
 # core starved the running streams' forward passes (a 600-property schema stalled them 3 s).
 COMPILE_THREADS = 1
 # xgrammar's messages start with a time stamp and its own source file: "[19:45:45] x.cc:94: ".
-_XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
+XGRAMMAR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 
 class GrammarCompiler:
@@ -103,7 +103,7 @@ class GrammarCompiler:
             else:
                 compiled = self._compiler.compile_grammar(text)
         except RuntimeError as e:
-            message = _XGRAMMAR_PREFIX.sub("", str(e).strip())
+            message = XGRAMMAR_PREFIX.sub("", str(e).strip())
             raise InvalidRequestError(kind, f"does not compile: {message}") from None
         if kind in ("regex", "grammar") and self._can_match(compiled) is False:
             raise InvalidRequestError(kind, f"{text[:80]!r} cannot match any text")

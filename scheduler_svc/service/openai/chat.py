@@ -10,7 +10,6 @@ its argument fragments; a constrained call is sent whole at the end.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,10 +25,11 @@ from scheduler_svc.service.generation_request import prompt_token_ids
 from scheduler_svc.service.openai.context import Admitted, FrontContext
 from scheduler_svc.service.openai.logprobs import TokenText, chat_logprobs
 from scheduler_svc.service.openai.protocol import ChatCompletionRequest, ChatMessage
-from scheduler_svc.service.openai.sampling import put, sampling_message
+from scheduler_svc.service.openai.sampling import sampling_message
 from scheduler_svc.service.openai.sse import EventStream, until_disconnected
 from scheduler_svc.service.openai.streams import UsageTotal, merged
 from scheduler_svc.service.openai.tools import StreamedCalls, call_json, tool_plan
+from scheduler_svc.service.tool_wire import constrain
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
@@ -63,7 +63,7 @@ def template_messages(messages: list[ChatMessage]) -> list[generate_pb2.ChatMess
 def _names(body: ChatCompletionRequest, tools: ToolPlan) -> dict[str, str]:
     names = {"token_ids": "messages", "logprobs": "top_logprobs",
              "json_schema": "tools" if tools.constrained else "response_format",
-             "json_object": "response_format"}
+             "json_object": "response_format", "grammar": "tools"}
     if body.max_completion_tokens is not None:
         names["max_tokens"] = "max_completion_tokens"
     return names
@@ -87,8 +87,7 @@ async def create(body: ChatCompletionRequest, request: Request, ctx: FrontContex
         max_tokens = max(m.max_model_len - run, 1)  # too long a prompt: admission says so
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     sampling = sampling_message(body, max_tokens, logprobs)
-    if tools.schema is not None:
-        put(sampling, "json_schema", json.dumps(tools.schema), "tools")
+    await constrain(tools, sampling, "response_format")
     base = f"chatcmpl-{uuid.uuid4().hex}"
     admitted = await ctx.admit(base, ids, sampling, _names(body, tools), body.priority,
                                body.cache_salt, ctx.lora_name(model))

@@ -5,7 +5,7 @@ Types are checked here, strictly where OpenAI is strict: an integer field takes 
 fit the int32 the gRPC message holds, and logit_bias values lie within [-100, 100]. A failure is
 a 400 naming the field. Values are not checked here otherwise: ranges and limits are the
 admission path's, shared with gRPC. Fields that OpenAI defines and that change nothing here
-(`user`, `parallel_tool_calls`, ...) are accepted and ignored, and so are unknown ones, as vLLM
+(`user`, ...) are accepted and ignored, and so are unknown ones, as vLLM
 does, so that clients sending newer fields keep working. What reaches these models has passed
 body.py: bounded in size, valid UTF-8 JSON, no lone surrogate in any string.
 """
@@ -141,9 +141,9 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Int32 | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: StrictBool | None = Field(None, description="accepted and ignored: "
-                                                   "under auto the model may make several "
-                                                   "calls, a constrained call is one")
+    parallel_tool_calls: StrictBool | None = Field(None, description="false: at most one call "
+                                                   "(under auto the reply is constrained to "
+                                                   "end with its first call)")
 
 
 class EmbeddingRequest(_Body):

@@ -15,13 +15,12 @@ from scheduler_svc.core.tool_calls import (
     ToolSpec,
 )
 from scheduler_svc.core.tool_calls import plan_tools as plan
-from scheduler_svc.service.openai.errors import OpenAIError
 from scheduler_svc.service.openai.protocol import ChatCompletionRequest, NamedToolChoice, Tool
 
 
 def specs(tools: list[Tool] | None) -> list[ToolSpec]:
-    return [ToolSpec(t.function.name, t.function.description, t.function.parameters)
-            for t in tools or ()]
+    return [ToolSpec(t.function.name, t.function.description, t.function.parameters,
+                     bool(t.function.strict)) for t in tools or ()]
 
 
 def choice_of(choice: str | NamedToolChoice | None) -> tuple[str | None, str | None]:
@@ -33,12 +32,8 @@ def choice_of(choice: str | NamedToolChoice | None) -> tuple[str | None, str | N
 
 def tool_plan(body: ChatCompletionRequest, fmt: ToolCallFormat | None) -> ToolPlan:
     choice, function = choice_of(body.tool_choice)
-    tools = plan(specs(body.tools), choice, function, fmt)
-    if tools.constrained and body.response_format is not None \
-            and body.response_format.type != "text":
-        raise OpenAIError(400, "response_format: cannot be combined with a tool call",
-                          "response_format")
-    return tools
+    return plan(specs(body.tools), choice, function, fmt,
+                parallel=body.parallel_tool_calls is not False)
 
 
 def call_json(call: ToolCall) -> dict[str, Any]:

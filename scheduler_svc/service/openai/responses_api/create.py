@@ -41,6 +41,7 @@ from scheduler_svc.service.openai.responses_api.store import ResponseStore
 from scheduler_svc.service.openai.sampling import put
 from scheduler_svc.service.openai.sse import EventStream, until_disconnected
 from scheduler_svc.service.openai.streams import UsageTotal, merged
+from scheduler_svc.service.tool_wire import constrain
 
 NAMES = {"token_ids": "input", "max_tokens": "max_output_tokens", "json_object": "text.format"}
 
@@ -49,22 +50,22 @@ def _tool_plan(body: ResponsesRequest, ctx: FrontContext) -> ToolPlan:
     given = body.tool_choice
     choice, function = (given, None) if given is None or isinstance(given, str) \
         else ("function", given.name)
-    specs = [ToolSpec(t.name, t.description, t.parameters) for t in body.tools or ()]
-    return plan(specs, choice, function, ctx.model().tool_format, "tools[{}].name")
+    specs = [ToolSpec(t.name, t.description, t.parameters, bool(t.strict))
+             for t in body.tools or ()]
+    return plan(specs, choice, function, ctx.model().tool_format, "tools[{}]",
+                body.parallel_tool_calls is not False)
 
 
-def _constraint(body: ResponsesRequest, tools: ToolPlan, sampling: Any) -> None:
+async def _constraint(body: ResponsesRequest, tools: ToolPlan, sampling: Any) -> None:
+    """text.format's constraint, or the tools' (a request has one)."""
     fmt = body.text.format if body.text is not None else None
-    if tools.schema is not None:
-        if fmt is not None and fmt.type != "text":
-            raise InvalidRequestError("text.format", "cannot be combined with a tool call")
-        put(sampling, "json_schema", json.dumps(tools.schema), "tools")
-    elif fmt is not None and fmt.type == "json_object":
+    if fmt is not None and fmt.type == "json_object":
         sampling.json_object = True
     elif fmt is not None and fmt.type == "json_schema":
         if fmt.schema_ is None:
             raise InvalidRequestError("text.format.schema", "type json_schema needs a schema")
         sampling.json_schema = json.dumps(fmt.schema_)
+    await constrain(tools, sampling, "text.format")
 
 
 async def create(body: ResponsesRequest, request: Request, ctx: FrontContext,
@@ -94,9 +95,10 @@ async def create(body: ResponsesRequest, request: Request, ctx: FrontContext,
     for field in ("temperature", "top_p"):
         if getattr(body, field) is not None:
             put(sampling, field, getattr(body, field))
-    _constraint(body, tools, sampling)
+    await _constraint(body, tools, sampling)
     response_id = item_id("resp")
-    names = {**NAMES, "json_schema": "tools" if tools.constrained else "text.format"}
+    names = {**NAMES, "json_schema": "tools" if tools.constrained else "text.format",
+             "grammar": "tools"}
     admitted = await ctx.admit(response_id, ids, sampling, names)
     head = _head(body, response_id, model)
     finish = partial(_finished, body, head, turns, store)
