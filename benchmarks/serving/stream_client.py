@@ -26,7 +26,7 @@ def stream_completion(base_url: str, prompt: list[int], max_tokens: int) -> Stre
             # batchwire: each event says how many tokens so far (an event may carry several).
             "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
     url = urlsplit(base_url)
-    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
+    connection = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=600)
     try:
         sent = time.perf_counter()
         connection.request("POST", "/v1/completions", json.dumps(body),
