@@ -83,14 +83,16 @@ lint: $(STAMP) ## ruff and mypy
 	$(PY) -m ruff check scheduler_svc worker_svc kernels benchmarks common tests
 	$(PY) -m mypy scheduler_svc worker_svc kernels benchmarks common
 
-# llama.cpp's own server, the peer of `batchwire bench latency --llama-server build/llama-server/
-# bin/llama-server`: built (CPU only) from the llama.cpp sources vendored in the llama-cpp-python
-# sdist, so PyPI is the one source needed. Opt-in: no other target runs it.
+# llama.cpp's own server, the peer of `batchwire bench latency --llama-server
+# build/llama-server/cmake/bin/llama-server`: built (CPU only) from the llama.cpp sources
+# vendored in the llama-cpp-python sdist, so PyPI is the one source needed. Opt-in: no other
+# target runs it (about 60 min of 2 busy cores here, minutes on a quiet machine).
 LLAMA_CPP_PYTHON := 0.3.36
 LLAMA_DIR := build/llama-server
-llama-server: $(LLAMA_DIR)/bin/llama-server ## build llama.cpp's llama-server (CPU) into build/llama-server/
+llama-server: $(LLAMA_DIR)/cmake/bin/llama-server ## build llama.cpp's llama-server (CPU) into build/llama-server/
+	@echo "built: $<"
 
-$(LLAMA_DIR)/bin/llama-server:
+$(LLAMA_DIR)/cmake/bin/llama-server:
 	mkdir -p $(LLAMA_DIR)/sdist
 	$(PYTHON) -m pip download -q --no-deps --no-binary :all: -d $(LLAMA_DIR)/sdist \
 		llama-cpp-python==$(LLAMA_CPP_PYTHON)
@@ -98,7 +100,7 @@ $(LLAMA_DIR)/bin/llama-server:
 	cmake -S $(LLAMA_DIR)/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp \
 		-B $(LLAMA_DIR)/cmake -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF -DGGML_NATIVE=ON \
 		-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
-		-DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF -DCMAKE_RUNTIME_OUTPUT_DIRECTORY=$(abspath $(LLAMA_DIR))/bin
+		-DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF
 	cmake --build $(LLAMA_DIR)/cmake --target llama-server -j $$(nproc)
 	test -x $@
 
