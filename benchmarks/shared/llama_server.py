@@ -25,8 +25,8 @@ class LlamaServer:
     def __init__(self, binary: str, model: str, threads: int, context: int,
                  startup_timeout_s: float = 120.0) -> None:
         if not os.access(binary, os.X_OK):
-            raise SystemExit(f"--llama-server: {binary} is not an executable file "
-                             "(`make llama-server` builds build/llama-server/cmake/bin/llama-server)")
+            raise SystemExit(f"--llama-server: {binary} is not an executable file (`make "
+                             "llama-server` builds build/llama-server/cmake/bin/llama-server)")
         if not model.endswith(".gguf"):
             raise SystemExit(f"--llama-server needs a GGUF model, and the model is {model}")
         port = free_port()
