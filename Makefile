@@ -12,7 +12,7 @@ RUN_STAMP := $(VENV)/.run-setup-done
 TRITON ?= $(if $(shell command -v nvidia-smi 2>/dev/null),[triton])
 PROTO_SRC := $(wildcard protos/batchwire/v1/*.proto)
 
-.PHONY: help setup run test test-fast protos check-protos lint bench clean
+.PHONY: help setup run test test-fast protos check-protos lint bench llama-server clean
 
 # The first target, so a bare `make` lists the targets: the `## ` comment after each one.
 help:
@@ -82,6 +82,27 @@ bench: $(STAMP) ## every benchmark: tables, JSON and PNG in bench-results/
 lint: $(STAMP) ## ruff and mypy
 	$(PY) -m ruff check scheduler_svc worker_svc kernels benchmarks common tests
 	$(PY) -m mypy scheduler_svc worker_svc kernels benchmarks common
+
+# llama.cpp's own server, the peer of `batchwire bench latency --llama-server
+# build/llama-server/cmake/bin/llama-server`: built (CPU only) from the llama.cpp sources
+# vendored in the llama-cpp-python sdist, so PyPI is the one source needed. Opt-in: no other
+# target runs it (about 60 min of 2 busy cores here, minutes on a quiet machine).
+LLAMA_CPP_PYTHON := 0.3.36
+LLAMA_DIR := build/llama-server
+llama-server: $(LLAMA_DIR)/cmake/bin/llama-server ## build llama.cpp's llama-server (CPU) into build/llama-server/
+	@echo "built: $<"
+
+$(LLAMA_DIR)/cmake/bin/llama-server:
+	mkdir -p $(LLAMA_DIR)/sdist
+	$(PYTHON) -m pip download -q --no-deps --no-binary :all: -d $(LLAMA_DIR)/sdist \
+		llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	tar -xzf $(LLAMA_DIR)/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON).tar.gz -C $(LLAMA_DIR)/sdist
+	cmake -S $(LLAMA_DIR)/sdist/llama_cpp_python-$(LLAMA_CPP_PYTHON)/vendor/llama.cpp \
+		-B $(LLAMA_DIR)/cmake -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF -DGGML_NATIVE=ON \
+		-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+		-DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF
+	cmake --build $(LLAMA_DIR)/cmake --target llama-server -j $$(nproc)
+	test -x $@
 
 clean: ## remove .venv and caches
 	rm -rf $(VENV) .pytest_cache

@@ -4,6 +4,7 @@ against its peers on this machine, in one run. Each benchmark prints its tables 
 
   throughput  offline tokens/s on each transport against transformers and llama.cpp
   serve       a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency
+  latency     one stream at a time over HTTP: TTFT and TPOT, against llama-server when given
   step        CPU cost per step: persistent batch vs rebuild, schedule(), each transport
   prefix      a shared 512-token prefix with prefix caching on and off
   spec        speculative decoding (n-gram drafts) off against K = 2, 4, 8, and on W64
@@ -12,7 +13,8 @@ against its peers on this machine, in one run. Each benchmark prints its tables 
   chaos       workers killed, frozen and drained in turn under load: every request intact
   lora        W64 on 4 LoRA adapters (a request on each in turn) against the base model alone
   hostile-http  hostile requests to the HTTP front beside a greedy stream: statuses, gap, RSS
-  all         every one of them but hostile-http (a robustness check, not a measurement)
+  all         every one of them but hostile-http (a robustness check, not a measurement) and
+              latency (its peer is a binary you build: `make llama-server`)
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ BENCHMARKS = {
                    "offline tokens/s on each transport against transformers and llama.cpp"),
     "serve": ("serving.serve",
               "a Poisson load over the client gRPC API: TTFT, TPOT, ITL, end-to-end latency"),
+    "latency": ("serving.one_stream", "one stream at a time over HTTP: TTFT and TPOT, against "
+                "llama-server when given"),
     "step": ("engine.step",
              "CPU cost per step: persistent batch vs rebuild, schedule(), each transport"),
     "prefix": ("offline.prefix", "a shared 512-token prefix with prefix caching on and off"),
@@ -50,8 +54,9 @@ BENCHMARKS = {
     "hostile-http": ("reliability.hostile_http", "hostile requests to the HTTP front beside a "
                      "greedy stream: statuses, gap, RSS"),
 }
-# What `all` runs: hostile-http checks the HTTP front's refusals rather than measuring speed.
-MEASUREMENTS = [name for name in BENCHMARKS if name != "hostile-http"]
+# What `all` runs: hostile-http checks the HTTP front's refusals rather than measuring speed;
+# latency is about its llama-server peer, a binary `all` does not have.
+MEASUREMENTS = [name for name in BENCHMARKS if name not in ("hostile-http", "latency")]
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
@@ -84,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=BENCHMARKS[name][1], description=module.__doc__)
         add_common_arguments(p)
         module.add_arguments(p)
-    every = sub.add_parser("all", help="every benchmark but hostile-http, with its defaults")
+    every = sub.add_parser("all", help="every benchmark but hostile-http and latency, with "
+                           "its defaults")
     add_common_arguments(every)
     return parser
 

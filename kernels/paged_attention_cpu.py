@@ -39,6 +39,9 @@ class DecodeGroup:
     # [nkv * num_rows * max_blocks] the blocks as rows of the head-major cache seen as
     # [nkv * num_blocks, block_size, hd]; set by the first layer (all caches share a shape).
     head_blocks: torch.Tensor | None = None
+    # One row whose blocks are consecutive ids (first, seq_len): its keys are read in place,
+    # as a view of the head-major cache, with no gather and no bias. None otherwise.
+    run: tuple[int, int] | None = None
 
 
 @dataclasses.dataclass(slots=True)
@@ -112,7 +115,18 @@ def _decode_group(
         bias=torch.zeros(len(reqs_np), 1, len(key_pos), device=device).masked_fill_(
             (key_pos >= lens[:, None])[:, None, :], float("-inf")
         ),
+        run=_one_run(table, int(seq_lens[0])) if len(reqs_np) == 1 else None,
     )
+
+
+def _one_run(table: torch.Tensor, seq_len: int) -> tuple[int, int] | None:
+    """(first block, seq_len) when a single row's blocks are consecutive ids on CPU: the block
+    allocator hands a lone stream's blocks out in order from a fresh pool."""
+    if table.device.type != "cpu":
+        return None
+    blocks = table[0].numpy()
+    first = int(blocks[0])
+    return (first, seq_len) if bool((np.diff(blocks) == 1).all()) else None
 
 
 def build_plan(metadata: AttentionMetadata, block_size: int) -> AttentionPlan:
@@ -176,6 +190,9 @@ def _decode(
     rows = group.num_rows
     _, _, num_kv_heads, head_dim = k_cache.shape
     kv_group = query.shape[1] // num_kv_heads
+    if group.run is not None and k_cache.permute(2, 0, 1, 3).is_contiguous():
+        _decode_in_place(query, k_cache, v_cache, group, group.run, scale, out)
+        return
     k, v = plan.gather_buffers(group_index, k_cache)
     if group.head_blocks is None:
         group.head_blocks = _every_head(group.blocks, num_kv_heads, k_cache.shape[0])
@@ -194,6 +211,31 @@ def _decode(
         out[group.tokens].view(rows, num_kv_heads, kv_group, head_dim).copy_(o)
     else:
         out[group.tokens] = o.reshape(rows, -1, head_dim)  # [rows, nq, hd]
+
+
+def _decode_in_place(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    group: DecodeGroup,
+    run: tuple[int, int],
+    scale: float,
+    out: torch.Tensor,
+) -> None:
+    """One decode row whose blocks are consecutive: its keys and values are views of the
+    head-major cache, [nkv, seq_len, hd], cut at seq_len (so no bias either)."""
+    first, seq_len = run
+    assert isinstance(group.tokens, slice), "a single row's token is a slice"
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    n = -(-seq_len // block_size)
+    k, v = (
+        c.permute(2, 0, 1, 3)[:, first : first + n].view(num_kv_heads, -1, head_dim)[:, :seq_len]
+        for c in (k_cache, v_cache)
+    )  # views: the storage is [nkv, num_blocks, block_size, hd]
+    q = query[group.tokens].view(num_kv_heads, -1, head_dim)  # [nkv, nq/nkv, hd]
+    scores = torch.bmm(_scaled_copy(q, scale), k.transpose(1, 2))  # [nkv, nq/nkv, seq_len]
+    o = torch.bmm(scores.softmax(dim=-1), v)  # [nkv, nq/nkv, hd]
+    out[group.tokens].view(num_kv_heads, -1, head_dim).copy_(o)
 
 
 def _scaled_copy(x: torch.Tensor, scale: float) -> torch.Tensor:

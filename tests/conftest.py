@@ -148,6 +148,7 @@ DEFAULT_MODEL_FIXTURES = {"default_worker", "hf_default_model", "server_process"
                           "offline_llm", "e2e_llm"}
 SLOW_FILES = {
     "benchmarks/test_bench_quick.py", "benchmarks/test_bench_hostile_http.py",
+    "benchmarks/test_bench_latency.py",
     "benchmarks/test_bench_sigterm.py", "deploy/test_dev_cpu_overlay.py",
     "deploy/test_worker_auth.py", "hosts/test_across_hosts.py", "hosts/test_tp_across_hosts.py",
     "kernels/test_triton_interpret.py", "kernels/test_kernel_dispatch.py",

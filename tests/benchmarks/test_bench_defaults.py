@@ -7,6 +7,7 @@ import re
 
 import pytest
 from batchwire.benchmarks.__main__ import BENCHMARKS, build_parser
+from batchwire.benchmarks.serving.one_stream import cases
 
 # float32 where bfloat16 would measure the CPU's bf16 matmuls instead of what the benchmark is
 # about (overhead: the engine's own time; chaos: request integrity under failures).
@@ -27,3 +28,16 @@ def test_each_benchmarks_defaults_are_its_own_and_its_help_says_them(name):
     assert args.dtype == DTYPES[name]
     help_text = " ".join(sub.format_help().split())
     assert re.search(rf"--dtype \{{bfloat16,float32\}}.*?\(default: {args.dtype}\)", help_text)
+
+
+def test_latency_defaults_are_what_its_help_says():
+    """One stream: a 512-token prompt's TTFT, TPOT at 128 and 1024 output tokens after a
+    128-token prompt, batchwire alone unless --llama-server names the peer's binary."""
+    parser, sub = sub_parser("latency")
+    args = parser.parse_args(["latency"])
+    assert args.llama_server is None and args.repeats == 3
+    assert cases(args) == {"ttft 512": (512, 2), "out 128": (128, 128), "out 1024": (128, 1024)}
+    help_text = " ".join(sub.format_help().split())
+    for option, default in (("--input-len", "128"), ("--long-input-len", "512"),
+                            ("--output-lens", "128,1024"), ("--llama-server", "none")):
+        assert re.search(rf"{option} \S+ .*?\(default: {default}", help_text), option

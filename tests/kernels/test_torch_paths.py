@@ -169,3 +169,27 @@ def test_apply_token_bitmask_with_no_rows_changes_nothing():
     before = logits.clone()
     kernels.apply_token_bitmask(logits, torch.zeros(0, 2, dtype=torch.int32))
     assert torch.equal(logits, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("seq_len", [1, 16, 17, 70, 129])
+def test_one_decode_row_on_consecutive_blocks_reads_the_cache_in_place(dtype, seq_len):
+    """A lone stream's blocks are consecutive ids: its keys are a view of the head-major cache.
+    Same output as the reference and as the gather path it replaces."""
+    b = make_paged_batch([1], [seq_len], 9, 3, head_dim=64, dtype=dtype, spare_blocks=4)
+    n = -(-seq_len // 16)
+    b.metadata.block_table[0, :n] = torch.arange(2, 2 + n, dtype=torch.int32)
+    k_cache, v_cache = head_major(b.k_cache), head_major(b.v_cache)
+    expected = paged_attention_reference(b.query, k_cache, v_cache, b.metadata, 0.125)
+    got = paged_attention_torch(b.query, k_cache, v_cache, b.metadata, 0.125)
+    assert b.metadata.plan.decode_groups[0].run == (2, seq_len)
+    torch.testing.assert_close(got, expected, atol=ATOL[dtype], rtol=0)
+    b.metadata.plan.decode_groups[0].run = None  # the gather path, on the same plan
+    gathered = paged_attention_torch(b.query, k_cache, v_cache, b.metadata, 0.125)
+    torch.testing.assert_close(got, gathered, atol=ATOL[dtype], rtol=0)
+
+
+def test_blocks_out_of_order_take_the_gather_path():
+    b = make_paged_batch([1], [40], 6, 2, head_dim=16)
+    b.metadata.block_table[0, :3] = torch.tensor([4, 2, 3], dtype=torch.int32)
+    assert build_plan(b.metadata, block_size=16).decode_groups[0].run is None

@@ -20,6 +20,7 @@ from worker_svc.model_config import ModelConfig
 from worker_svc.models.forward_context import get_attention_metadata, get_lora_mask
 from worker_svc.models.lora_linear import LoRAStack
 from worker_svc.models.rotary import cos_sin_cache
+from worker_svc.models.step_ops import StepTables, rms_norm
 from worker_svc.parallel.pipeline import IntermediateTensors, PipelineStage
 from worker_svc.parallel.tensor_parallel import ShardPlan, TensorParallel
 
@@ -46,7 +47,7 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return kernels.rms_norm(x, self.weight, self.eps, residual)
+        return rms_norm(x, self.weight, self.eps, residual)
 
 
 class Attention(nn.Module):
@@ -81,9 +82,7 @@ class Attention(nn.Module):
         self.qkv_lora: LoRAStack | None = None
         self.o_lora: LoRAStack | None = None
 
-    def forward(
-        self, positions: torch.Tensor, x: torch.Tensor, cos_sin: torch.Tensor
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, step: StepTables) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = with_lora(self.qkv_lora, x, self.qkv_proj(x))  # (T, q_size + 2 * kv_size)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -92,10 +91,16 @@ class Attention(nn.Module):
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)  # (T, nkv, hs)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = kernels.rotary_embedding(positions, q, k, cos_sin)
+        if not step.fused:
+            q, k = kernels.rotary_embedding(step.positions, q, k, step.cos_sin)
+        elif self.q_norm is None:  # q and k, adjacent in q|k|v, turned by one call
+            step.rotate(qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim))
+        else:
+            step.rotate(q)
+            step.rotate(k)
         assert self.k_cache is not None and self.v_cache is not None, "KV cache not allocated"
         metadata = get_attention_metadata()
-        kernels.reshape_and_cache(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
+        step.write_kv(k, v, self.k_cache, self.v_cache, metadata.slot_mapping)
         out = self.attend(q, self.k_cache, self.v_cache, metadata, self.scale)
         out = out.reshape(num_tokens, self.q_size)
         return self.tp.all_reduce(with_lora(self.o_lora, out, self.o_proj(out)))
@@ -131,11 +136,7 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg, plan, tp)
 
     def forward(
-        self,
-        positions: torch.Tensor,
-        x: torch.Tensor,
-        residual: torch.Tensor | None,
-        cos_sin: torch.Tensor,
+        self, x: torch.Tensor, residual: torch.Tensor | None, step: StepTables
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # The residual add is fused into the norm: residual = x + residual; x = norm(residual).
         if residual is None:
@@ -143,7 +144,7 @@ class DecoderLayer(nn.Module):
             x = self.input_layernorm(x)
         else:
             x, residual = self.input_layernorm(x, residual)
-        x = self.self_attn(positions, x, cos_sin)
+        x = self.self_attn(x, step)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
 
@@ -235,8 +236,9 @@ class LlamaForCausalLM(nn.Module):
             x = self._embed(input_ids)
         else:
             x, residual = intermediate.hidden, intermediate.residual
+        step = StepTables.build(positions, self.cos_sin, self.config.head_dim)
         for layer in self.layers.values():
-            x, residual = layer(positions, x, residual, self.cos_sin)
+            x, residual = layer(x, residual, step)
         if self.norm is None:
             assert residual is not None, "a stage holds at least one layer"
             return IntermediateTensors(x, residual)
