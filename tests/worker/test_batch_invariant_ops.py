@@ -80,7 +80,8 @@ def test_a_query_tokens_attention_bits_do_not_depend_on_its_step(dtype):
     query = b.query[:long]
     for rows, lens in [([0], [1]), ([0], [QUERY_TILE + 5]), ([2, 0, 1], [1, KEY_TILE + 9, 50]),
                        ([1, 0], [3, 2])]:  # fmt: skip
-        tokens = [query[long - n :] if r == 0 else b.query[:n] for r, n in zip(rows, lens)]
+        pairs = zip(rows, lens, strict=True)
+        tokens = [query[long - n :] if r == 0 else b.query[:n] for r, n in pairs]
         metadata = step_of(b.metadata, rows, lens)
         got = paged_attention_invariant(torch.cat(tokens), b.k_cache, b.v_cache, metadata, 0.25)
         start = sum(lens[: rows.index(0)])
