@@ -21,7 +21,7 @@ from worker_svc.batch_invariant import attention
 TILES = (1, 4, 8, 16)
 
 
-def timed(query_tile: int, step) -> float:
+def timed(query_tile: int, step) -> torch.Tensor:
     query, k_cache, v_cache, metadata = step
     attention.QUERY_TILE = query_tile
     metadata.plan = None  # each size plans its own step, as the first layer of a step does
