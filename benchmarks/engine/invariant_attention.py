@@ -10,11 +10,9 @@ rows. SmolLM2-135M's attention shapes (`attention_cpu.make_step`); runs interlea
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 import torch
-from batchwire.benchmarks.engine.attention_cpu import make_step, median_ms
+from batchwire.benchmarks.engine.attention_cpu import make_step, median_ms, timing_args
 
 from worker_svc.batch_invariant import attention
 
@@ -29,11 +27,7 @@ def timed(query_tile: int, step) -> torch.Tensor:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=1)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = timing_args(__doc__, 3, 1)
     contexts = np.random.default_rng(0).integers(32, 385, size=64).tolist()
     cases = {"prefill 16 x 128": ([128] * 16, [128] * 16),
              "decode 64 x [32, 384]": ([1] * 64, contexts)}  # fmt: skip
