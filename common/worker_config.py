@@ -73,16 +73,18 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be at least 0, got {getattr(self, name)}")
         if self.max_lora_rank < 1:
             raise ValueError(f"max_lora_rank must be at least 1, got {self.max_lora_rank}")
+        # Option names as well as fields: `batchwire serve` and `batchwire worker` print these.
         if self.max_loras and self.tensor_parallel_size > 1:
             raise ValueError(
-                f"max_loras={self.max_loras}: LoRA adapters are served without tensor "
-                f"parallelism only, got tensor_parallel_size={self.tensor_parallel_size}"
+                f"max_loras={self.max_loras} (--max-loras): LoRA adapters are served without "
+                f"tensor parallelism only, got tensor_parallel_size={self.tensor_parallel_size} "
+                "(--tensor-parallel-size)"
             )
         if self.max_loras and self.batch_invariant:
             # The adapters' matmuls are not row-tiled: a row's result would depend on its batch.
             raise ValueError(
-                f"max_loras={self.max_loras}: LoRA adapters are not served in batch-invariant "
-                "mode (batch_invariant=True)"
+                f"max_loras={self.max_loras} (--max-loras): LoRA adapters are not served in "
+                "batch-invariant mode (batch_invariant=True, --batch-invariant)"
             )
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError(

@@ -169,6 +169,9 @@ class SchedulerConfig:
             raise ValueError(f"without chunked prefill max_num_batched_tokens "
                              f"({self.max_num_batched_tokens}) must be at least max_model_len "
                              f"({self.max_model_len})")
+        # The workers' own rules too (e.g. no LoRA with tensor parallelism), before any port is
+        # bound or weights loaded: a worker group that cannot start is refused here, not later.
+        self.worker_config()
 
     @property
     def request_limits(self) -> RequestLimits:

@@ -92,7 +92,8 @@ def hf_default_model(default_model_file):
 
 @pytest.fixture(scope="session")
 def default_worker():
-    """The real default model in a float32 worker (the parity tests' dtype)."""
+    """The real default model in a float32 worker (the parity tests' dtype), with two LoRA
+    adapter slots (empty slots cost nothing: a step with no adapter row skips them)."""
     from batchwire.common.worker_config import WorkerConfig
 
     from worker_svc.runner.worker import Worker
@@ -104,6 +105,8 @@ def default_worker():
             max_num_reqs=32,
             max_model_len=1024,
             max_num_batched_tokens=1024,
+            max_loras=2,
+            max_lora_rank=16,
         )  # fmt: skip
     )
 

@@ -21,6 +21,10 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:  # the settings checked before any rank starts: a group of them fails as one line
+        worker_config(args, int(args.rank or 0), args.distributed_init_method)
+    except ValueError as e:
+        raise SystemExit(f"batchwire worker: {e}") from None
     if args.tensor_parallel_size * args.pipeline_parallel_size > 1 and args.rank is None:
         from worker_svc.server.tp_group import run_group
 

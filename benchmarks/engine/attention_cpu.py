@@ -114,12 +114,18 @@ def run(name: str, query_lens, seq_lens, dtype, repeats: int) -> None:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=2)
+def timing_args(doc: str, repeats: int, threads: int) -> argparse.Namespace:
+    """--repeats and --threads of an attention timing script; sets torch's threads."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--threads", type=int, default=threads)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    return args
+
+
+def main() -> None:
+    args = timing_args(__doc__, 15, 2)
     torch.manual_seed(0)
     decode = ([1] * 64, [512] * 64)
     mixed = ([128] * 4 + [1] * 60, [128, 128, 384, 384] + [512] * 60)

@@ -100,6 +100,24 @@ class GenerationClient:
             info = call.result()
         return info
 
+    def load_lora_adapters(self, modules: dict[str, str]) -> None:
+        """Loads each name=path adapter the server does not serve yet; raises SystemExit for a
+        name it serves from another path (and grpc.RpcError for a refused load)."""
+        call = self.stub.ListLoRAAdapters.future(generate_pb2.ListLoRAAdaptersRequest(),
+                                                 timeout=30, metadata=self.metadata)
+        with interrupt_cancels(call):
+            served = {a.name: a.path for a in call.result().adapters}
+        for name, path in modules.items():
+            if name in served and served[name] != path:
+                raise SystemExit(f"batchwire: adapter {name!r} is loaded from {served[name]!r}, "
+                                 f"not {path!r}")
+            if name not in served:
+                request = generate_pb2.LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
+                load = self.stub.LoadLoRAAdapter.future(request, timeout=60,
+                                                        metadata=self.metadata)
+                with interrupt_cancels(load):
+                    load.result()
+
     def chat_request(self, messages: Sequence[tuple[str, str]],
                      sampling: generate_pb2.SamplingParams) -> generate_pb2.GenerateRequest:
         return generate_pb2.GenerateRequest(

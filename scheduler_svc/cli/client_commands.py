@@ -32,6 +32,37 @@ def add_client_options(p: argparse.ArgumentParser) -> None:
                    "[BATCHWIRE_API_KEY_FILE; or the key itself in BATCHWIRE_API_KEY]")
 
 
+def lora_module(text: str) -> tuple[str, str]:
+    """NAME=PATH of --lora-modules (serve, scheduler and generate alike)."""
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PATH")
+    return name, path
+
+
+def add_lora_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("LoRA adapters (the server's, started with --max-loras N)")
+    g.add_argument("--lora-name", metavar="NAME", help="generate with this adapter of the "
+                   "server (default: the base model, or the one adapter --lora-modules names)")
+    # One NAME=PATH a flag (repeat it for more), unlike serve's list: a list would swallow the
+    # prompt that follows it.
+    g.add_argument("--lora-modules", action="append", default=[], metavar="NAME=PATH",
+                   type=lora_module, help="load this adapter on the server first (repeatable), "
+                   "PATH a PEFT folder the server can read; one loaded already from the same "
+                   "path is used as it is; it stays loaded for later requests")
+
+
+def _lora_name(client: Any, args: argparse.Namespace) -> str:
+    """Loads --lora-modules on the server; the adapter to generate with ("" = the base)."""
+    modules = dict(args.lora_modules)
+    if args.lora_name is None and len(modules) > 1:
+        raise SystemExit("batchwire generate: --lora-modules names several adapters: "
+                         "--lora-name picks the one to generate with")
+    if modules:
+        client.load_lora_adapters(modules)
+    return args.lora_name if args.lora_name is not None else next(iter(modules), "")
+
+
 def _client(args: argparse.Namespace) -> Any:
     from batchwire.common.tls import ClientTls
 
@@ -101,6 +132,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             request = client.chat_request([*messages, ("user", prompt)], _sampling(args))
         else:
             request = generate_pb2.GenerateRequest(text=prompt, sampling=_sampling(args))
+        request.lora_name = _lora_name(client, args)
         _, last = _stream(client, request, args.timeout)  # errors: client_errors.run_client
     if last is not None and not args.quiet:
         print(_usage_line(last), file=sys.stderr)

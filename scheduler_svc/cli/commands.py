@@ -29,9 +29,11 @@ from batchwire.common.worker_config import POOLING_TYPES, TASKS
 
 from scheduler_svc.cli.client_commands import (
     add_client_options,
+    add_lora_options,
     add_sampling_options,
     cmd_chat,
     cmd_generate,
+    lora_module,
 )
 from scheduler_svc.config import POLICIES, TOOL_CALL_PARSERS, SchedulerConfig
 
@@ -162,7 +164,7 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
                    "slower) [BATCHWIRE_BATCH_INVARIANT]")
     g = p.add_argument_group("LoRA adapters (PEFT folders of the base model)")
     g.add_argument("--lora-modules", nargs="+", default=(), metavar="NAME=PATH",
-                   type=_lora_module, help="adapters served from the start, by name (more load "
+                   type=lora_module, help="adapters served from the start, by name (more load "
                    "at run time: POST /v1/load_lora_adapter, Generation.LoadLoRAAdapter)")
     _option(g, "--max-loras", _DEFAULTS["max_loras"], "adapter slots in each worker: most "
             "adapters one step mixes (0: serve none)", type=int)
@@ -171,13 +173,6 @@ def _add_task_options(p: argparse.ArgumentParser) -> None:
     _option(g, "--max-cpu-loras", _DEFAULTS["max_cpu_loras"], "adapters each worker keeps "
             "in host memory, least recently used dropped first (0: as many as --max-loras)",
             type=int)
-
-
-def _lora_module(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=PATH")
-    return name, path
 
 
 def _add_server_options(p: argparse.ArgumentParser) -> None:
@@ -470,6 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "through the chat template (the default when the model has one)")
     generate.add_argument("--system", help="a system message before the prompt (not with --raw)")
     generate.add_argument("--quiet", action="store_true", help="no usage line on stderr")
+    add_lora_options(generate)
     add_client_options(generate)
     add_sampling_options(generate)
     generate.set_defaults(func=cmd_generate)

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
+import subprocess
+import sys
 import threading
 
 import grpc
 import pytest
 from batchwire.v1 import generate_pb2
 
-from tests.client_api.server_process import ServerProcess
+from tests.client_api.server_process import REPO, ServerProcess, collect, greedy, text_request
 from tests.lora_adapters import make_adapter, peft_greedy
 
 PROMPT = [(7 * i + 3) % 250 + 3 for i in range(24)]
@@ -168,3 +171,35 @@ def test_bad_adapter_configs_and_names_are_refused(lora_server, adapters, tmp_pa
         generate(lora_server, "nobody")
     assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
     assert generate(lora_server, max_tokens=2)  # the server serves on
+
+
+def test_the_generate_command_loads_and_names_an_adapter(lora_server, adapters):
+    """`batchwire generate --lora-modules NAME=PATH` loads the adapter and generates with it,
+    `--lora-name NAME` names one the server serves; the tokens are the gRPC API's with it."""
+    server, text = lora_server, "hello adapters"
+
+    def cli(*flags: str) -> tuple[list[int], str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "scheduler_svc.cli", "generate", "--address", server.address,
+             "--raw", "--temperature", "0", "--max-tokens", "6", "--ignore-eos", "--quiet",
+             "--logprobs", "0", *flags, text],
+            cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+        ids = [int(i) for i in re.findall(r"^\[logprob\] token (\d+):", done.stderr, re.M)]
+        return ids, f"{done.returncode}: {done.stderr}"
+
+    def api(lora_name: str) -> list[int]:
+        request = text_request(text, greedy(6), lora_name=lora_name)
+        return collect(server.stub.Generate(request, timeout=120))[0]
+
+    loaded, log = cli("--lora-modules", f"cli8={adapters[8]}")
+    assert loaded == api("cli8") and len(loaded) == 6, log
+    assert loaded != api(""), "the adapter changes the tokens, so the test shows it was used"
+    assert cli("--lora-name", "cli8")[0] == loaded
+    # Loaded already from the same path: used as it is, next to a new one picked by name.
+    named, log = cli("--lora-modules", f"cli8={adapters[8]}", "--lora-modules",
+                     f"cli16={adapters[16]}", "--lora-name", "cli16")
+    assert named == api("cli16") != loaded, log
+    _, log = cli("--lora-modules", f"cli8={adapters[16]}")
+    assert log.startswith("1: ") and f"'cli8' is loaded from {adapters[8]!r}" in log
+    _, log = cli("--lora-name", "nobody")
+    assert log.startswith("1: ") and "NOT_FOUND" in log and "nobody" in log

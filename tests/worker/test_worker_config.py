@@ -87,3 +87,15 @@ def test_the_worker_and_the_scheduler_read_a_yes_no_variable_alike(monkeypatch, 
 def test_lora_settings_that_cannot_work_are_refused(settings, words):
     with pytest.raises(ValueError, match=words):
         WorkerConfig(**settings)
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_lora_with_tensor_parallelism_is_refused_at_start_naming_the_options(command):
+    """Before any port is bound, model loaded or rank started: one line, not a traceback."""
+    from scheduler_svc.cli import main
+
+    with pytest.raises(SystemExit) as refused:
+        main([command, "--tensor-parallel-size", "2", "--max-loras", "2"])
+    message = str(refused.value.code)
+    assert message.startswith(f"batchwire {command}: max_loras=2 (--max-loras)")
+    assert "tensor_parallel_size=2 (--tensor-parallel-size)" in message

@@ -8,7 +8,8 @@ padded to their group's longest, a prompt chunk's queries attended together). Wh
 vary and stays as it is: RMSNorm, rotary, the activation, log_softmax and the argmax, each
 computed row by row. `enable` swaps the first two for fixed-shape versions:
 - `linear.py`: every linear over fixed [ROW_TILE, K] row tiles;
-- `attention.py`: every query token attended alone over fixed key tiles, in a fixed order.
+- `attention.py`: every query token at a fixed row of a fixed query tile, over fixed key tiles
+  in a fixed order.
 """
 
 from __future__ import annotations
