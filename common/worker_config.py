@@ -14,7 +14,8 @@ POOLING_TYPES = ("last", "mean", "cls")
 # How linear weights are served (worker_svc/quant): "auto" = a GGUF file's Q4_0/Q4_1/Q8_0 tensors
 # as they are stored (int4 / int8 kernels) where the serving dtype is bfloat16 on CPU, else as
 # "none"; "none" = de-quantised to the serving dtype (the reference); "int8"/"int4" = every
-# linear weight in that form, float weights quantized at load.
+# linear weight in that form, float weights quantized at load (a GGUF tensor stored in more bits
+# than int4, Q8_0, is served as int8 by int4: never fewer bits than the file holds).
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
@@ -58,13 +59,15 @@ class WorkerConfig:
     def served_quantization(self) -> str:
         """What the loader does: "none", "native" (auto where its kernels run), "int8", "int4"."""
         if self.quantization == "auto":
-            return "native" if self._quantized_kernels_run() is None else "none"
+            # float32 stays de-quantised: it is the dtype of the parity tests against transformers.
+            quantized = self.dtype == "bfloat16" and self._quantized_kernels_run() is None
+            return "native" if quantized else "none"
         return self.quantization
 
     def _quantized_kernels_run(self) -> str | None:
         """Why the quantized kernels cannot serve this configuration; None when they can."""
-        if self.dtype != "bfloat16":
-            return f"dtype={self.dtype} (they compute in bfloat16)"
+        if self.dtype not in ("bfloat16", "float32"):
+            return f"dtype={self.dtype} (they compute in bfloat16 or float32)"
         if self.device != "cpu":
             return f"device={self.device} (they are CPU kernels)"
         if self.tensor_parallel_size > 1:

@@ -47,8 +47,8 @@ def main() -> None:
     print("shape rows " + " ".join(f"{s}/{large}" for s, large in KERNELS) + "  (us per call)")
     for name, (n, k) in SHAPES.items():
         weight = quantize_int4(torch.randn(n, k) * 0.05, "random")
-        layers = [QuantLinear(weight, torch.bfloat16, small, large, 0 if large != "same" else 1 << 30)
-                  for small, large in KERNELS]
+        layers = [QuantLinear(weight, torch.bfloat16, small, large,
+                              0 if large != "same" else 1 << 30) for small, large in KERNELS]
         for rows in map(int, args.rows.split(",")):
             x = torch.randn(rows, k, dtype=torch.bfloat16)
             times = [best_us(layer, x, args.repeats) for layer in layers]

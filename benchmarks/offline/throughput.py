@@ -22,7 +22,11 @@ from batchwire.benchmarks.offline.offline_w64 import (
     run_transformers,
 )
 from batchwire.benchmarks.offline.step_profile import PARTS, profile_step
-from batchwire.benchmarks.shared.cases import async_setting, mode_setting
+from batchwire.benchmarks.shared.cases import (
+    async_setting,
+    mode_setting,
+    quantization_cases,
+)
 from batchwire.benchmarks.shared.machine import machine_info, peak_matmul_flops
 from batchwire.benchmarks.shared.report import Report, bars, fmt, spread
 from batchwire.benchmarks.shared.workloads import Workload, random_fixed, token_counts, w64
@@ -41,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "scheduling off or on, the default being on over zmq and grpc)")
     p.add_argument("--hf-batch-sizes", default="16,64", help="transformers static batch sizes")
     p.add_argument("--no-llamacpp", action="store_true", help="leave the llama.cpp peer out")
+    p.add_argument("--quantization", default="auto", help="the weights' --quantization, or a "
+                   "comma-separated list to measure each (e.g. auto,none: the quantized "
+                   "default beside the de-quantised reference; default: %(default)s)")
     p.add_argument("--batch-invariant", action="store_true", help="also run each transport "
                    "in batch-invariant mode, in turns with the default (`uni invariant`)")
 
@@ -76,6 +83,7 @@ def run(args: argparse.Namespace) -> None:
     transports = [t for t in args.transports.split(",") if t]
     if args.batch_invariant:
         transports += [f"{t} invariant" for t in transports]
+    transports = quantization_cases(transports, args.quantization)
     engines = {t: LLM(executor_backend=t.split()[0], **async_setting(t), **mode_setting(t),
                       **settings) for t in transports}
     configs: dict[str, Callable[[], float]] = {}

@@ -294,7 +294,8 @@ def _new_scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerCo
         pooling_type=args.pooling_type, normalize=args.normalize,
         batch_invariant=args.batch_invariant, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
-        quantization=args.quantization, lora_modules=tuple(args.lora_modules), pipeline_parallel_size=args.pipeline_parallel_size,
+        quantization=args.quantization, lora_modules=tuple(args.lora_modules),
+        pipeline_parallel_size=args.pipeline_parallel_size,
         generation_config=args.generation_config, tool_call_parser=args.tool_call_parser,
         async_scheduling=args.async_scheduling, worker_grace_s=args.worker_grace_s,
         **_speculative_config(args), **extra)

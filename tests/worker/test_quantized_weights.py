@@ -72,7 +72,7 @@ def test_float_weights_quantized_at_load_stay_close():
 
 @pytest.mark.parametrize("fields, message", [
     (dict(quantization="int3"), "quantization must be one of"),
-    (dict(quantization="int4", dtype="float32"), "dtype=float32"),
+    (dict(quantization="int4", dtype="float16"), "dtype=float16"),
     (dict(quantization="int8", tensor_parallel_size=2), "tensor_parallel_size=2"),
     (dict(quantization="int8", batch_invariant=True), "batch_invariant=True"),
 ])
@@ -114,6 +114,7 @@ def test_each_kernel_computes_x_times_the_weight_it_stands_for(small, large):
     for rows in (1, 4, 37):
         x = torch.randn(rows, 64).bfloat16()
         expected = x.float() @ dense.t()
-        # bfloat16 inputs and outputs; dyn8 also rounds x to int8 per call, and its weight per row
-        tolerance = 0.05 if large == "dyn8" and rows > 4 else 0.02
+        # bfloat16 inputs and outputs; dyn8 also rounds x to 7-bit codes per call (fbgemm) and its
+        # weight to int8 per row
+        tolerance = 0.1 if large == "dyn8" and rows > 4 else 0.02
         torch.testing.assert_close(layer(x).float(), expected, rtol=0.02, atol=tolerance)

@@ -10,6 +10,7 @@ file, de-quantised one at a time by the `gguf` package.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -123,6 +124,10 @@ def _unpermute_rotary_rows(w: Any, num_heads: int) -> Any:
     )
 
 
+def _unpermuted(rows: torch.Tensor, num_heads: int) -> torch.Tensor:
+    return _unpermute_rotary_rows(rows, num_heads).contiguous()
+
+
 def _hf_name(name: str) -> str:
     if name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[name]
@@ -150,8 +155,7 @@ def iter_tensors(
         if keep_quantized and tensor.kind in NATIVE_KINDS:
             quantized = from_gguf_blocks(data, tensor.kind)
             if heads is not None:
-                quantized = quantized.map_rows(
-                    lambda rows, h=heads: _unpermute_rotary_rows(rows, h).contiguous())
+                quantized = quantized.map_rows(functools.partial(_unpermuted, num_heads=heads))
             yield name, quantized
             continue
         array = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(tensor.kind))  # [out, in]

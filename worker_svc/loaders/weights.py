@@ -44,8 +44,8 @@ def load_model(
 ) -> tuple[LlamaForCausalLM, str]:
     """This rank's part of the model: the layers of its pipeline stage `pp` = (pp_rank, pp_size),
     each weight's tensor-parallel shard (all of it without tensor parallelism); and what its
-    quantized linear layers serve (quant_serve.describe; "" for none). quantization: the resolved mode ("none",
-    "native", "int4", "int8"; WorkerConfig.served_quantization)."""
+    quantized linear layers serve (quant_serve.describe; "" for none). quantization: the
+    resolved mode ("none", "native", "int4", "int8"; WorkerConfig.served_quantization)."""
     if path.endswith(".gguf"):
         reader = gguf_file.GgufFile.open(path)
         cfg = gguf_file.read_config(reader)
@@ -118,8 +118,9 @@ def load_weights(
         missing.discard("lm_head.weight")
     if missing or parts:
         raise ValueError(f"checkpoint lacks tensors: {sorted(missing | set(parts))[:8]}")
-    if "embed_tokens.weight" in stored and model.lm_head is not None and (
-            model.lm_head.weight is model.embed_tokens.weight):  # tied: the head reads it too
+    embed, head = model.embed_tokens, model.lm_head
+    if "embed_tokens.weight" in stored and embed is not None and head is not None and (
+            head.weight is embed.weight):  # tied: the head reads the embedding's codes too
         stored["lm_head.weight"] = stored["embed_tokens.weight"]
     return stored
 

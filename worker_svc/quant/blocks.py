@@ -1,8 +1,8 @@
 """Quantized weights as integer codes plus per-group scales, before any kernel packs them.
 
-A `QuantizedWeight` holds w[n, k] = (codes[n, k] - offset) * scale[n, g] + zero[n, g], g = k // group,
-in float32 scales. GGUF's block types map onto it without loss (their fp16 scales are exact in
-float32):
+A `QuantizedWeight` holds w[n, k] = (codes[n, k] - offset) * scale[n, g] + zero[n, g] with
+g = k // group, scales in float32. GGUF's block types map onto it without loss (their fp16
+scales are exact in float32):
   Q4_0: w = d * (q - 8)   -> int4 codes q, scale d, zero 0
   Q4_1: w = d * q + m     -> int4 codes q, scale d, zero m + 8d  (torch's int4 kernels compute
                              (q - 8) * scale + zero, so the offset is 8 for every int4 weight)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worker_svc.models.packed_linear import PackedLinear
 from worker_svc.quant.blocks import QuantizedWeight, quantize_int8_rows
 
 _BATCH_HINT = 64
@@ -52,11 +51,9 @@ class QuantLinear(nn.Module):
                 quantize_int8_rows(weight.dequantize(), weight.source))
             self.int8 = rows.codes
             self.int8_scale = rows.scale[:, 0].to(dtype).contiguous()
-        if large == "bf16":
-            dense = nn.Linear(self.in_features, self.out_features, bias=False)
-            dense.weight = nn.Parameter(weight.dequantize().to(dtype), requires_grad=False)
-            self.dense = PackedLinear(dense)
-            del self.dense.weight  # the packed copy is all the kernel reads
+        if large == "bf16":  # as models/packed_linear.py, without keeping the plain weight
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(
+                weight.dequantize().to(dtype), _BATCH_HINT)
         elif large == "dyn8":
             self.dense = _dynamic_int8(weight.dequantize())
 
@@ -67,7 +64,7 @@ class QuantLinear(nn.Module):
             if self.large == "dyn8":
                 y = self.dense(x2.float()).to(x.dtype)
             else:
-                y = self.dense(x2)
+                y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
         elif self.small == "int4":
             y = int4_matmul(x2.contiguous(), self.int4, self.scales_zeros, self.group)
         else:

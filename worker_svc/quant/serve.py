@@ -4,7 +4,8 @@ The loader hands over, per linear weight name, the `QuantizedWeight` a GGUF file
 codes and scales as they are, after fusion); the mode (common/worker_config.py) decides:
   native (`auto` on bfloat16 CPU): Q4_0/Q4_1 -> int4 group 32, Q8_0 -> int8 per row, float
       weights stay bfloat16 (packed as before);
-  int4: every linear weight int4 group 32 (GGUF Q4 codes as they are, the rest quantized here);
+  int4: every linear weight int4 group 32 (GGUF Q4 codes as they are, float weights quantized
+      here; Q8_0 as int8 per row: never fewer bits than the file stores);
   int8: every linear weight int8 per row.
 Q8_0 keeps a scale per 32 columns, the int8 kernel one per row: its values are quantized again
 per row (the LM head of a tied-embedding model: docs/performance.md gives what it costs). The
@@ -25,8 +26,9 @@ from worker_svc.quant.linear import QuantLinear
 
 def kernels_available() -> bool:
     ops = torch.ops.aten
-    return all(hasattr(ops, op) for op in (
-        "_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu", "_weight_int8pack_mm"))
+    names = ("_convert_weight_to_int4pack_for_cpu", "_weight_int4pack_mm_for_cpu",
+             "_weight_int8pack_mm")
+    return all(hasattr(ops, name) for name in names)
 
 
 def install(model: nn.Module, mode: str, stored: dict[str, QuantizedWeight],
@@ -39,7 +41,8 @@ def install(model: nn.Module, mode: str, stored: dict[str, QuantizedWeight],
         if qweight is None:
             continue
         small = "int4" if qweight.bits == 4 else "int8"
-        small_rows, large = choose(*qweight.shape)
+        # float32: no faster large-batch kernel here (oneDNN packs bfloat16 only).
+        small_rows, large = choose(*qweight.shape) if dtype == torch.bfloat16 else (0, "same")
         layer = QuantLinear(qweight, dtype, small, large, small_rows)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer)
@@ -55,7 +58,7 @@ def _weight_for(mode: str, stored: QuantizedWeight | None, linear: nn.Linear,
     if mode == "native":
         return stored
     if mode == "int4":
-        if stored is not None and stored.bits == 4:
+        if stored is not None:  # Q4 as stored; Q8_0 as int8 (never fewer bits than the file's)
             return stored
         if not block_fits(linear.in_features):
             raise ValueError(f"quantization=int4: {name} has {linear.in_features} input "
