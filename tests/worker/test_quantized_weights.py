@@ -72,7 +72,7 @@ def test_float_weights_quantized_at_load_stay_close():
 
 @pytest.mark.parametrize("fields, message", [
     (dict(quantization="int3"), "quantization must be one of"),
-    (dict(quantization="int4", dtype="float16"), "dtype=float16"),
+    (dict(quantization="int4", dtype="float32"), "dtype=float32"),
     (dict(quantization="int8", tensor_parallel_size=2), "tensor_parallel_size=2"),
     (dict(quantization="int8", batch_invariant=True), "batch_invariant=True"),
 ])

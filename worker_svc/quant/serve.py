@@ -41,8 +41,7 @@ def install(model: nn.Module, mode: str, stored: dict[str, QuantizedWeight],
         if qweight is None:
             continue
         small = "int4" if qweight.bits == 4 else "int8"
-        # float32: no faster large-batch kernel here (oneDNN packs bfloat16 only).
-        small_rows, large = choose(*qweight.shape) if dtype == torch.bfloat16 else (0, "same")
+        small_rows, large = choose(*qweight.shape)
         layer = QuantLinear(qweight, dtype, small, large, small_rows)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer)
