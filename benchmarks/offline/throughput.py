@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> None:
     if "uni" in engines:
         executor = engines["uni"].engine.executor
         assert isinstance(executor, UniProcExecutor)  # the model is in this process
-        params = sum(p.numel() for p in executor.worker.model.parameters())
+        params = model_parameters(executor.worker.model)
     for llm in engines.values():
         llm.shutdown()
 
@@ -141,6 +141,17 @@ def run(args: argparse.Namespace) -> None:
     if profile is not None:
         report.data["profile"] = _profile_table(report, profile, results, steps)
     report.save(args.results, lambda fig: _draw(fig, results, best, report.data.get("profile")))
+
+
+def model_parameters(model: Any) -> int:
+    """The model's weights, counted as --quantization none holds them: quantized linear layers
+    hold codes, not parameters, and a tied LM head is the embedding's matrix (counted once)."""
+    from worker_svc.quant.linear import QuantLinear
+
+    tied = model.config.tie_word_embeddings
+    return sum(p.numel() for p in model.parameters()) + sum(
+        m.out_features * m.in_features for name, m in model.named_modules()
+        if isinstance(m, QuantLinear) and not (tied and name == "lm_head"))
 
 
 def _counting(llm: Any, workload: Workload, steps: dict[str, int], key: str) -> Callable:
