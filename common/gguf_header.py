@@ -48,16 +48,16 @@ class GgufHeader:
         """Storage type -> number of tensors."""
         return Counter(TENSOR_TYPES.get(t.kind, f"type {t.kind}") for t in self.tensors)
 
-    def describe_weights(self, dtype: str) -> str:
+    def describe_weights(self, dtype: str, served: str = "") -> str:
         """E.g. 'GGUF, 4-bit Q4_1 (210 of 272 tensors; also F32, Q8_0), de-quantised to
-        bfloat16'."""
+        bfloat16'; `served` (worker_svc/quant) replaces what follows the stored types."""
         total = sum(self.tensor_types.values())
         main, count = self.tensor_types.most_common(1)[0] if total else ("none", 0)
         bits = QUANT_BITS.get(main)
         others = sorted(t for t in self.tensor_types if t != main)
         also = f"; also {', '.join(others)}" if others else ""
         kind = f"{bits}-bit {main}" if bits else main
-        served = f"de-quantised to {dtype}" if bits else f"served in {dtype}"
+        served = served or (f"de-quantised to {dtype}" if bits else f"served in {dtype}")
         return f"GGUF, {kind} ({count} of {total} tensors{also}), {served}"
 
 

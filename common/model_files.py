@@ -45,19 +45,20 @@ def resolve_model_path(model: str | None) -> str:
     return path
 
 
-def describe_weights(model: str | None, dtype: str) -> str:
+def describe_weights(model: str | None, dtype: str, served: str = "") -> str:
     """How the weights are stored and what they are served in, e.g. 'GGUF, 4-bit Q4_1 (210 of
-    272 tensors; also F32, Q8_0), de-quantised to bfloat16'."""
+    272 tensors; also F32, Q8_0), de-quantised to bfloat16'. `served`: what the worker serves
+    them as when not that (its quantized kernels, worker_svc/quant)."""
     path = resolve_model_path(model)
     if path.endswith(".gguf"):
-        return read_gguf_header(path).describe_weights(dtype)
+        return read_gguf_header(path).describe_weights(dtype, served)
     try:
         with open(os.path.join(path, "config.json")) as f:
             config = json.load(f)
         stored = config.get("torch_dtype") or config.get("dtype") or "unknown dtype"
     except (OSError, ValueError):
         stored = "unknown dtype"
-    return f"safetensors checkpoint ({stored}), served in {dtype}"
+    return f"safetensors checkpoint ({stored}), {served or f'served in {dtype}'}"
 
 
 def model_name(path: str) -> str:

@@ -11,6 +11,12 @@ import dataclasses
 DTYPES = ("bfloat16", "float16", "float32")
 TASKS = ("generate", "embed")
 POOLING_TYPES = ("last", "mean", "cls")
+# How linear weights are served (worker_svc/quant): "auto" = a GGUF file's Q4_0/Q4_1/Q8_0 tensors
+# as they are stored (int4 / int8 kernels) where the serving dtype is bfloat16 on CPU, else as
+# "none"; "none" = de-quantised to the serving dtype (the reference); "int8"/"int4" = every
+# linear weight in that form, float weights quantized at load (a GGUF tensor stored in more bits
+# than int4, Q8_0, is served as int8 by int4: never fewer bits than the file holds).
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -47,6 +53,29 @@ class WorkerConfig:
     max_loras: int = 0
     max_lora_rank: int = 16  # the slots' rank: every adapter's rank must be at most this
     max_cpu_loras: int = 0  # adapters kept on the host (LRU); 0 = as many as max_loras
+    quantization: str = "auto"  # one of QUANTIZATIONS
+
+    @property
+    def served_quantization(self) -> str:
+        """What the loader does: "none", "native" (auto where its kernels run), "int8", "int4"."""
+        if self.quantization == "auto":
+            # float32 stays de-quantised: it is the dtype of the parity tests against transformers.
+            return "native" if self._quantized_kernels_run() is None else "none"
+        return self.quantization
+
+    def _quantized_kernels_run(self) -> str | None:
+        """Why the quantized kernels cannot serve this configuration; None when they can."""
+        if self.dtype != "bfloat16":
+            # torch's int4 kernel has a float32 path, but a slow one: 1.2 s for a [960 x 576] x
+            # [576 x 576] matmul here, against 33 ms in bfloat16.
+            return f"dtype={self.dtype} (they compute in bfloat16)"
+        if self.device != "cpu":
+            return f"device={self.device} (they are CPU kernels)"
+        if self.tensor_parallel_size > 1:
+            return f"tensor_parallel_size={self.tensor_parallel_size} (weights are not sharded)"
+        if self.batch_invariant:
+            return "batch_invariant=True (their matmuls are not row-tiled)"
+        return None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -86,6 +115,14 @@ class WorkerConfig:
                 f"max_loras={self.max_loras} (--max-loras): LoRA adapters are not served in "
                 "batch-invariant mode (batch_invariant=True, --batch-invariant)"
             )
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
+            )
+        refused = self._quantized_kernels_run()
+        if self.quantization in ("int8", "int4") and refused is not None:
+            raise ValueError(f"quantization={self.quantization} is not served with {refused}; "
+                             "use quantization=auto or none")
         if self.kv_cache_memory_bytes <= 0:
             raise ValueError(
                 f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}"
@@ -133,7 +170,7 @@ class WorkerConfig:
             "--normalize" if self.normalize else "--no-normalize",
             "--batch-invariant" if self.batch_invariant else "--no-batch-invariant",
             "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank),
-            "--max-cpu-loras", str(self.max_cpu_loras),
+            "--max-cpu-loras", str(self.max_cpu_loras), "--quantization", self.quantization,
         ]
         if self.model is not None:
             argv += ["--model", self.model]

@@ -52,6 +52,9 @@ class SchedulerConfig:
     max_loras: int = 0
     max_lora_rank: int = 16
     max_cpu_loras: int = 0
+    # How a locally started group serves linear weights (the workers' --quantization; see
+    # batchwire.common.worker_config.QUANTIZATIONS); remote workers report their own.
+    quantization: str = "auto"
     # Adapters a server loads at start (--lora-modules NAME=PATH): (name, PEFT folder) pairs.
     lora_modules: tuple[tuple[str, str], ...] = ()
     worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
@@ -204,4 +207,5 @@ class SchedulerConfig:
             max_loras=self.max_loras,
             max_lora_rank=self.max_lora_rank,
             max_cpu_loras=self.max_cpu_loras,
+            quantization=self.quantization,
         )

@@ -30,6 +30,7 @@ WORKER_LAYERS = {
     "sample": 1,  # logits shaping, the sampler, its metadata, the sampled tokens' wire
     "models": 2,  # the model code and the step's attention context it reads
     "batch": 2,  # the persistent batch, block table, host staging, the step's checks
+    "quant": 2,  # quantized weights: GGUF codes and scales, int4 / int8 linear layers
     "loaders": 3,  # weights from GGUF or safetensors into a model
     "spec_decode": 3,  # a verifying step's layout, rejection sampling, its reply
     "pooling": 3,  # embeddings from final hidden states

@@ -22,7 +22,11 @@ from batchwire.benchmarks.offline.offline_w64 import (
     run_transformers,
 )
 from batchwire.benchmarks.offline.step_profile import PARTS, profile_step
-from batchwire.benchmarks.shared.cases import async_setting, mode_setting
+from batchwire.benchmarks.shared.cases import (
+    async_setting,
+    mode_setting,
+    quantization_cases,
+)
 from batchwire.benchmarks.shared.machine import machine_info, peak_matmul_flops
 from batchwire.benchmarks.shared.report import Report, bars, fmt, spread
 from batchwire.benchmarks.shared.workloads import Workload, random_fixed, token_counts, w64
@@ -41,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "scheduling off or on, the default being on over zmq and grpc)")
     p.add_argument("--hf-batch-sizes", default="16,64", help="transformers static batch sizes")
     p.add_argument("--no-llamacpp", action="store_true", help="leave the llama.cpp peer out")
+    p.add_argument("--quantization", default="auto", help="the weights' --quantization, or a "
+                   "comma-separated list to measure each (e.g. auto,none: the quantized "
+                   "default beside the de-quantised reference; default: %(default)s)")
     p.add_argument("--batch-invariant", action="store_true", help="also run each transport "
                    "in batch-invariant mode, in turns with the default (`uni invariant`)")
 
@@ -76,6 +83,7 @@ def run(args: argparse.Namespace) -> None:
     transports = [t for t in args.transports.split(",") if t]
     if args.batch_invariant:
         transports += [f"{t} invariant" for t in transports]
+    transports = quantization_cases(transports, args.quantization)
     engines = {t: LLM(executor_backend=t.split()[0], **async_setting(t), **mode_setting(t),
                       **settings) for t in transports}
     configs: dict[str, Callable[[], float]] = {}
@@ -114,7 +122,7 @@ def run(args: argparse.Namespace) -> None:
     if "uni" in engines:
         executor = engines["uni"].engine.executor
         assert isinstance(executor, UniProcExecutor)  # the model is in this process
-        params = sum(p.numel() for p in executor.worker.model.parameters())
+        params = model_parameters(executor.worker.model)
     for llm in engines.values():
         llm.shutdown()
 
@@ -133,6 +141,17 @@ def run(args: argparse.Namespace) -> None:
     if profile is not None:
         report.data["profile"] = _profile_table(report, profile, results, steps)
     report.save(args.results, lambda fig: _draw(fig, results, best, report.data.get("profile")))
+
+
+def model_parameters(model: Any) -> int:
+    """The model's weights, counted as --quantization none holds them: quantized linear layers
+    hold codes, not parameters, and a tied LM head is the embedding's matrix (counted once)."""
+    from worker_svc.quant.linear import QuantLinear
+
+    tied = model.config.tie_word_embeddings
+    return sum(p.numel() for p in model.parameters()) + sum(
+        m.out_features * m.in_features for name, m in model.named_modules()
+        if isinstance(m, QuantLinear) and not (tied and name == "lm_head"))
 
 
 def _counting(llm: Any, workload: Workload, steps: dict[str, int], key: str) -> Callable:

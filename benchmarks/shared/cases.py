@@ -1,6 +1,7 @@
 """A benchmark case's name -> the engine it runs: `zmq` is the transport and the engine's own
 defaults; `zmq async` and `zmq sync` force async scheduling on and off, so that the two can be
-measured side by side in one run whatever the default is."""
+measured side by side in one run whatever the default is; `zmq quant=none` serves the weights
+with that --quantization (the default: the engine's own, auto)."""
 
 from __future__ import annotations
 
@@ -15,5 +16,19 @@ def async_setting(case: str, default: dict | None = None) -> dict:
 
 
 def mode_setting(case: str) -> dict:
-    """LLM keywords for a case's engine mode: `invariant` in its name runs batch-invariant."""
-    return {"batch_invariant": True} if "invariant" in case.split() else {}
+    """LLM keywords for a case's engine mode: `invariant` in its name runs batch-invariant,
+    `quant=MODE` serves the weights with that quantization."""
+    words = case.split()
+    setting: dict = {"batch_invariant": True} if "invariant" in words else {}
+    for word in words:
+        if word.startswith("quant="):
+            setting["quantization"] = word.removeprefix("quant=")
+    return setting
+
+
+def quantization_cases(cases: list[str], quantizations: str) -> list[str]:
+    """Each case once per quantization of a comma-separated list: `auto` keeps the case's own
+    name (the default), any other adds `quant=MODE`; e.g. "auto,none" measures the quantized
+    default beside the de-quantised reference in one run."""
+    modes = [q for q in quantizations.split(",") if q]
+    return [c if q == "auto" else f"{c} quant={q}" for q in modes for c in cases]

@@ -25,7 +25,7 @@ from typing import Any
 from batchwire.common.env_options import env_bool, env_default, env_flag, env_name
 from batchwire.common.ports import PortInUseError
 from batchwire.common.sizes import byte_size, format_size
-from batchwire.common.worker_config import POOLING_TYPES, TASKS
+from batchwire.common.worker_config import POOLING_TYPES, QUANTIZATIONS, TASKS
 
 from scheduler_svc.cli.client_commands import (
     add_client_options,
@@ -71,6 +71,11 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
             "file; default: the embedded SmolLM2-135M-Instruct")
     _option(g, "--dtype", _DEFAULTS["dtype"], "weights, activations and KV cache",
             choices=("bfloat16", "float16", "float32"))
+    _option(g, "--quantization", _DEFAULTS["quantization"], "linear weights: auto = a GGUF "
+            "file's Q4_0/Q4_1/Q8_0 tensors served as stored (int4/int8 CPU kernels) with "
+            "bfloat16, else none; none = de-quantised to --dtype; int8/int4 = every linear "
+            "weight so (workers this command starts; GetModelInfo.weights says what is served)",
+            choices=QUANTIZATIONS)
     _option(g, "--generation-config", _DEFAULTS["generation_config"], "defaults of a request's "
             "unset sampling fields: auto = the model's generation config (GetModelInfo shows "
             "them), none = batchwire's (temperature 1...), or a folder or generation_config.json "
@@ -284,7 +289,8 @@ def _new_scheduler_config(args: argparse.Namespace, **extra: Any) -> SchedulerCo
         pooling_type=args.pooling_type, normalize=args.normalize,
         batch_invariant=args.batch_invariant, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, max_cpu_loras=args.max_cpu_loras,
-        lora_modules=tuple(args.lora_modules), pipeline_parallel_size=args.pipeline_parallel_size,
+        quantization=args.quantization, lora_modules=tuple(args.lora_modules),
+        pipeline_parallel_size=args.pipeline_parallel_size,
         generation_config=args.generation_config, tool_call_parser=args.tool_call_parser,
         async_scheduling=args.async_scheduling, worker_grace_s=args.worker_grace_s,
         **_speculative_config(args), **extra)

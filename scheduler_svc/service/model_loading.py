@@ -93,7 +93,8 @@ def describe(core: ReplicatedEngine, tokenizer: Any, engine: AsyncEngine,
         transport=first.executor.transport or "uni", workers=workers,
         task=first.scheduler.task, pooling_type=info.pooling_type, hidden_size=info.hidden_size,
         max_prompt_chars=scheduler.max_model_len * longest_token_chars(tokenizer),
-        generation_config=generation, weights=describe_weights(core.config.model, info.dtype),
+        generation_config=generation,
+        weights=info.weights or describe_weights(core.config.model, info.dtype),
         tool_format=choose_format(core.config.tool_call_parser,
                                   getattr(tokenizer, "chat_template", None)))
 

@@ -3,10 +3,12 @@ question and no sampling flag answers it, at the defaults the server reports in 
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 from batchwire.v1 import generate_pb2
@@ -27,6 +29,8 @@ def test_the_server_reports_its_sampling_defaults_and_weights(server):
     assert "embedded 4-bit SmolLM2-135M-Instruct: greedy" in info.sampling_defaults_source
     assert info.weights == (
         "GGUF, 4-bit Q4_1 (210 of 272 tensors; also F32, Q8_0), de-quantised to float32")
+    with urllib.request.urlopen(f"{server.base_url}/models", timeout=30) as reply:
+        assert json.load(reply)["data"][0]["weights"] == info.weights  # what the worker said
 
 
 def readme_first_example() -> tuple[list[str], str, str]:

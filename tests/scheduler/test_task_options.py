@@ -17,3 +17,28 @@ def test_flags_pass_through_to_the_worker_config(command):
     defaults = _scheduler_config(build_parser().parse_args([command])).worker_config()
     assert (defaults.task, defaults.normalize, defaults.pipeline_parallel_size
             ) == ("generate", True, 1)
+
+
+@pytest.mark.parametrize("command", ["serve", "scheduler"])
+def test_quantization_reaches_the_workers_and_their_argv(command, monkeypatch):
+    args = build_parser().parse_args([command, "--quantization", "none"])
+    worker = _scheduler_config(args).worker_config()
+    assert worker.quantization == "none"
+    assert worker.to_argv()[worker.to_argv().index("--quantization") + 1] == "none"
+    monkeypatch.setenv("BATCHWIRE_QUANTIZATION", "int8")
+    from_env = _scheduler_config(build_parser().parse_args([command])).worker_config()
+    assert from_env.quantization == "int8"
+    refused = _scheduler_config(build_parser().parse_args(
+        [command, "--quantization", "int4", "--dtype", "float32"]))
+    with pytest.raises(ValueError, match="quantization=int4 is not served with dtype=float32"):
+        refused.worker_config()  # what the workers it starts are built from
+
+
+def test_the_worker_command_takes_quantization_from_its_flag_and_env(monkeypatch):
+    from worker_svc.server.options import build_parser as worker_parser
+    from worker_svc.server.options import worker_config
+
+    assert worker_config(worker_parser().parse_args(["--quantization", "int4"])).quantization \
+        == "int4"
+    monkeypatch.setenv("BATCHWIRE_QUANTIZATION", "none")
+    assert worker_config(worker_parser().parse_args([])).quantization == "none"

@@ -1,4 +1,5 @@
-"""A GGUF file (llama.cpp's format): metadata, and tensors de-quantised to float32.
+"""A GGUF file (llama.cpp's format): metadata, and tensors de-quantised to float32 (or, for the
+block types a CPU kernel serves as they are, their codes and scales: worker_svc/quant).
 
 Tensors are renamed to Hugging Face names so one weight loader serves both formats. The header is
 read by common/gguf_header.py, which skips the tokenizer's arrays (gguf.GGUFReader turns each of
@@ -9,6 +10,7 @@ file, de-quantised one at a time by the `gguf` package.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +21,7 @@ import torch
 from batchwire.common.gguf_header import GgufHeader, TensorInfo, read_gguf_header
 
 from worker_svc.model_config import ModelConfig
+from worker_svc.quant.blocks import NATIVE_KINDS, QuantizedWeight, from_gguf_blocks
 
 _ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 
@@ -110,7 +113,7 @@ def read_config(reader: GgufFile) -> ModelConfig:
     )
 
 
-def _unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
+def _unpermute_rotary_rows(w: Any, num_heads: int) -> Any:
     # llama.cpp's converter interleaves each head's two rotary halves (rows 0,h,1,h+1,...);
     # the neox-style rotary here wants them back as two contiguous halves.
     rows = w.shape[0]
@@ -119,6 +122,10 @@ def _unpermute_rotary_rows(w: np.ndarray, num_heads: int) -> np.ndarray:
         .swapaxes(1, 2)
         .reshape(w.shape)
     )
+
+
+def _unpermuted(rows: torch.Tensor, num_heads: int) -> torch.Tensor:
+    return _unpermute_rotary_rows(rows, num_heads).contiguous()
 
 
 def _hf_name(name: str) -> str:
@@ -131,17 +138,30 @@ def _hf_name(name: str) -> str:
     return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}"
 
 
-def iter_tensors(reader: GgufFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_tensors(
+    reader: GgufFile, cfg: ModelConfig, keep_quantized: bool = False
+) -> Iterator[tuple[str, torch.Tensor | QuantizedWeight]]:
+    """(Hugging Face name, [out, in] float32 tensor) per tensor; with keep_quantized, the
+    Q4_0/Q4_1/Q8_0 tensors come as their codes and scales instead."""
     mapped = np.memmap(reader.path, dtype=np.uint8, mode="r")
     for tensor in reader.header.tensors:
         if tensor.name == "rope_freqs.weight":  # llama.cpp's own rope table; rotary.py derives it
             continue
         data = reader.tensor_data(tensor, mapped)
-        array = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(tensor.kind))  # [out, in]
         name = _hf_name(tensor.name)
+        heads = None
         if cfg.architecture == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = cfg.num_heads if "q_proj" in name else cfg.num_kv_heads
+        if keep_quantized and tensor.kind in NATIVE_KINDS:
+            quantized = from_gguf_blocks(data, tensor.kind)
+            if heads is not None:
+                quantized = quantized.map_rows(functools.partial(_unpermuted, num_heads=heads))
+            yield name, quantized
+            continue
+        array = gguf.quants.dequantize(data, gguf.GGMLQuantizationType(tensor.kind))  # [out, in]
+        if heads is not None:
             array = _unpermute_rotary_rows(array, heads)
         # dequantize may return a read-only view of the mapped file: copy it then.
         writable = array if array.flags.writeable else array.copy()
         yield name, torch.from_numpy(np.ascontiguousarray(writable))
+

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 
 import torch
@@ -13,6 +14,8 @@ from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.models.packed_linear import pack_linears, packing_available
 from worker_svc.parallel.pipeline import PipelineStage
 from worker_svc.parallel.tensor_parallel import TensorParallel
+from worker_svc.quant import serve as quant_serve
+from worker_svc.quant.blocks import QuantizedWeight
 
 # Hugging Face projections that the model holds fused: (fused name, position in the fusion).
 _FUSED = {
@@ -37,16 +40,23 @@ def load_model(
     max_position: int,
     tp: TensorParallel | None = None,
     pp: tuple[int, int] = (0, 1),
-) -> LlamaForCausalLM:
+    quantization: str = "none",
+) -> tuple[LlamaForCausalLM, str]:
     """This rank's part of the model: the layers of its pipeline stage `pp` = (pp_rank, pp_size),
-    each weight's tensor-parallel shard (all of it without tensor parallelism)."""
+    each weight's tensor-parallel shard (all of it without tensor parallelism); and what its
+    quantized linear layers serve (quant_serve.describe; "" for none). quantization: the
+    resolved mode ("none", "native", "int4", "int8"; WorkerConfig.served_quantization)."""
     if path.endswith(".gguf"):
         reader = gguf_file.GgufFile.open(path)
         cfg = gguf_file.read_config(reader)
-        tensors: Iterable[tuple[str, torch.Tensor]] = gguf_file.iter_tensors(reader, cfg)
+        tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]] = gguf_file.iter_tensors(
+            reader, cfg, keep_quantized=quantization != "none")
     else:
         cfg = hf_checkpoint.read_config(path)
         tensors = hf_checkpoint.iter_tensors(path)
+    if quantization != "none" and not quant_serve.kernels_available():
+        raise ValueError(f"quantization={quantization!r}: this torch has no CPU int4/int8 "
+                         "matmul kernels; serve with quantization=none")
     tp = tp or TensorParallel()
     stage = PipelineStage.build(cfg.num_layers, pp[0], pp[1], tp.rank, tp.size)
     with torch.device("meta"):
@@ -54,17 +64,24 @@ def load_model(
     model = model.to_empty(device=device)
     model.tie_weights()
     model.init_rotary(device)
-    load_weights(model, tensors)
+    stored = load_weights(model, tensors)
     model = model.to(dtype).eval().requires_grad_(False)
+    served: Counter[str] = Counter()
+    if quantization != "none":
+        served = quant_serve.install(model, quantization, stored, dtype)
     if packing_available(dtype, device):
         pack_linears(model)
-    return model
+    return model, quant_serve.describe(served, str(dtype).removeprefix("torch."))
 
 
-def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copies Hugging Face-named tensors into the model, fusing q|k|v and gate|up on the way."""
+def load_weights(
+    model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Tensor | QuantizedWeight]]
+) -> dict[str, QuantizedWeight]:
+    """Copies Hugging Face-named tensors into the model, fusing q|k|v and gate|up on the way.
+    Quantized tensors are copied de-quantised, and also returned as they are, by model name."""
     params = dict(model.named_parameters())
-    parts: dict[str, dict[int, torch.Tensor]] = {}
+    parts: dict[str, dict[int, torch.Tensor | QuantizedWeight]] = {}
+    stored: dict[str, QuantizedWeight] = {}
     loaded: set[str] = set()
     for hf_name, tensor in tensors:
         name = _name_on_stage(model, hf_name.removeprefix("model."))
@@ -79,10 +96,15 @@ def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
             pieces = parts[name]
             if len(pieces) < (3 if fused == "qkv_proj" else 2):
                 continue
-            tensor = torch.cat([pieces[i] for i in sorted(pieces)], dim=0)
+            tensor = _cat_rows([pieces[i] for i in sorted(pieces)])
             del parts[name]
         if name not in params:
             raise ValueError(f"checkpoint tensor {hf_name!r} has no place in the model")
+        if isinstance(tensor, QuantizedWeight):
+            # Quantized serving runs without tensor parallelism (WorkerConfig refuses it).
+            assert not model.tp.enabled, "quantized weights are not sharded"
+            stored[name] = tensor
+            tensor = tensor.dequantize()
         tensor = model.plan.shard(name, tensor, model.config)
         if params[name].shape != tensor.shape:
             raise ValueError(
@@ -96,6 +118,19 @@ def load_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.Ten
         missing.discard("lm_head.weight")
     if missing or parts:
         raise ValueError(f"checkpoint lacks tensors: {sorted(missing | set(parts))[:8]}")
+    embed, head = model.embed_tokens, model.lm_head
+    if "embed_tokens.weight" in stored and embed is not None and head is not None and (
+            head.weight is embed.weight):  # tied: the head reads the embedding's codes too
+        stored["lm_head.weight"] = stored["embed_tokens.weight"]
+    return stored
+
+
+def _cat_rows(pieces: list[torch.Tensor | QuantizedWeight]) -> torch.Tensor | QuantizedWeight:
+    """The fused weight: q|k|v or gate|up stacked by rows, in whichever form they came."""
+    if all(isinstance(p, QuantizedWeight) for p in pieces):
+        return QuantizedWeight.cat_rows([p for p in pieces if isinstance(p, QuantizedWeight)])
+    # Parts stored in different forms (a float k beside quantized q, say): all de-quantised.
+    return torch.cat([p.dequantize() if isinstance(p, QuantizedWeight) else p for p in pieces])
 
 
 def _name_on_stage(model: LlamaForCausalLM, name: str) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import torch
-from batchwire.common.model_files import model_name, resolve_model_path
+from batchwire.common.model_files import describe_weights, model_name, resolve_model_path
 from batchwire.common.worker_config import WorkerConfig
 from batchwire.kernels.kv_cache import kv_cache_zeros
 from batchwire.v1 import worker_pb2
@@ -58,14 +58,16 @@ class Worker:
             config.distributed_init_method,
             config.device,
         )
-        self.model = load_model(
+        self.model, served = load_model(
             self.model_path,
             getattr(torch, config.dtype),
             config.device,
             config.max_model_len,
             self.tp,
             (config.pp_rank, config.pipeline_parallel_size),
+            config.served_quantization,
         )
+        self.weights = describe_weights(self.model_path, config.dtype, served)
         if config.batch_invariant:
             enable_batch_invariant(self.model)
         self.num_blocks = allocate_kv_cache(self.model, config)
@@ -103,6 +105,8 @@ class Worker:
             batch_invariant=self.config.batch_invariant,
             max_loras=self.config.max_loras,
             max_lora_rank=self.config.max_lora_rank,
+            weights=self.weights,
+            quantization=self.config.quantization,
         )
 
     @property

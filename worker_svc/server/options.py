@@ -9,7 +9,13 @@ import dataclasses
 
 from batchwire.common.env_options import env_default, env_flag
 from batchwire.common.sizes import byte_size
-from batchwire.common.worker_config import DTYPES, POOLING_TYPES, TASKS, WorkerConfig
+from batchwire.common.worker_config import (
+    DTYPES,
+    POOLING_TYPES,
+    QUANTIZATIONS,
+    TASKS,
+    WorkerConfig,
+)
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(WorkerConfig)}
 
@@ -31,6 +37,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     model.add_argument(
         "--dtype", default=env_default("dtype", _DEFAULTS["dtype"]), choices=sorted(DTYPES)
+    )
+    model.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default=env_default("quantization", _DEFAULTS["quantization"]),
+        help="linear weights: auto = a GGUF file's Q4_0/Q4_1/Q8_0 tensors served as stored "
+        "(int4/int8 kernels) with bfloat16 on CPU, else none; none = de-quantised to --dtype; "
+        "int8/int4 = every linear weight so, float ones quantized at load (default: %(default)s)",
     )
     model.add_argument(
         "--device",
@@ -254,4 +268,5 @@ def worker_config(
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
+        quantization=args.quantization,
     )

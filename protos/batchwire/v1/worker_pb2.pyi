@@ -218,7 +218,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerInfo(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "max_model_len", "num_blocks", "block_size", "dtype", "device", "tensor_parallel_size", "rank", "max_num_reqs", "eos_token_ids", "pipeline_parallel_size", "pp_rank", "tp_rank", "output_rank", "task", "pooling_type", "hidden_size", "normalize", "batch_invariant", "max_loras", "max_lora_rank")
+    __slots__ = ("model_name", "vocab_size", "max_model_len", "num_blocks", "block_size", "dtype", "device", "tensor_parallel_size", "rank", "max_num_reqs", "eos_token_ids", "pipeline_parallel_size", "pp_rank", "tp_rank", "output_rank", "task", "pooling_type", "hidden_size", "normalize", "batch_invariant", "max_loras", "max_lora_rank", "weights", "quantization")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -241,6 +241,8 @@ class WorkerInfo(_message.Message):
     BATCH_INVARIANT_FIELD_NUMBER: _ClassVar[int]
     MAX_LORAS_FIELD_NUMBER: _ClassVar[int]
     MAX_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     max_model_len: int
@@ -263,7 +265,9 @@ class WorkerInfo(_message.Message):
     batch_invariant: bool
     max_loras: int
     max_lora_rank: int
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., rank: _Optional[int] = ..., max_num_reqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., pipeline_parallel_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., tp_rank: _Optional[int] = ..., output_rank: _Optional[int] = ..., task: _Optional[str] = ..., pooling_type: _Optional[str] = ..., hidden_size: _Optional[int] = ..., normalize: bool = ..., batch_invariant: bool = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ...) -> None: ...
+    weights: str
+    quantization: str
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., num_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., dtype: _Optional[str] = ..., device: _Optional[str] = ..., tensor_parallel_size: _Optional[int] = ..., rank: _Optional[int] = ..., max_num_reqs: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., pipeline_parallel_size: _Optional[int] = ..., pp_rank: _Optional[int] = ..., tp_rank: _Optional[int] = ..., output_rank: _Optional[int] = ..., task: _Optional[str] = ..., pooling_type: _Optional[str] = ..., hidden_size: _Optional[int] = ..., normalize: bool = ..., batch_invariant: bool = ..., max_loras: _Optional[int] = ..., max_lora_rank: _Optional[int] = ..., weights: _Optional[str] = ..., quantization: _Optional[str] = ...) -> None: ...
 
 class ResetRequest(_message.Message):
     __slots__ = ()

@@ -90,7 +90,8 @@ def build_app(front: FrontContext) -> FastAPI:
         ctx = context(request)
         m = ctx.model()
         cards = [{"id": name, "object": "model", "created": ctx.started, "owned_by": "batchwire",
-                  "max_model_len": m.max_model_len, "root": m.model_name} for name in ctx.names()]
+                  "max_model_len": m.max_model_len, "root": m.model_name, "weights": m.weights}
+                 for name in ctx.names()]
         cards += [{"id": lora.lora_name, "object": "model", "created": ctx.started,
                    "owned_by": "batchwire", "max_model_len": m.max_model_len,
                    "root": lora.lora_path, "parent": ctx.names()[0]}

@@ -97,6 +97,8 @@ class ModelCard(BaseModel):
     owned_by: str
     max_model_len: int
     root: str
+    # How the weights are stored and served (GetModelInfo.weights); the base model's card only.
+    weights: str | None = None
 
 
 class ModelList(BaseModel):

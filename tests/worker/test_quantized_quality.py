@@ -1,0 +1,85 @@
+"""Quality of the quantized default (--quantization auto, bfloat16) against the de-quantised
+float32 reference, teacher-forced on a fixed English text (tests/worker/data/quality_text.txt,
+~2,800 tokens): every next-token distribution of the text, top-1 agreement and mean KL."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from batchwire.common.worker_config import WorkerConfig
+from batchwire.kernels import AttentionMetadata
+
+from worker_svc.models.forward_context import set_forward_context
+from worker_svc.quant.linear import QuantLinear
+from worker_svc.runner.worker import Worker
+
+TEXT = os.path.join(os.path.dirname(__file__), "data", "quality_text.txt")
+WINDOW = 960  # tokens per teacher-forced pass (the float32 fixture's max_model_len is 1024)
+
+
+def teacher_forced_logprobs(worker: Worker, ids: list[int]) -> torch.Tensor:
+    """log p(next token | the text so far) at every position of ids, one prefill: [T, vocab]."""
+    model, block = worker.model, worker.config.block_size
+    count = len(ids)
+    blocks = np.arange(1, -(-count // block) + 1, dtype=np.int32)  # block 0 is the null block
+    qsl = np.array([0, count], dtype=np.int32)
+    seq = np.array([count], dtype=np.int32)
+    positions = np.arange(count)
+    metadata = AttentionMetadata(
+        num_actual_tokens=count, query_start_loc=torch.from_numpy(qsl),
+        seq_lens=torch.from_numpy(seq), block_table=torch.from_numpy(blocks[None]),
+        slot_mapping=torch.from_numpy(blocks[positions // block] * block + positions % block
+                                      ).long(),
+        max_query_len=count, max_seq_len=count, query_start_loc_cpu=qsl, seq_lens_cpu=seq,
+    )  # fmt: skip
+    with torch.inference_mode(), set_forward_context(metadata):
+        hidden = model(torch.tensor(ids), torch.from_numpy(positions))
+        assert isinstance(hidden, torch.Tensor)
+        return torch.log_softmax(model.compute_logits(hidden), dim=-1)
+
+
+def small_worker(dtype: str, quantization: str) -> Worker:
+    return Worker(WorkerConfig(dtype=dtype, quantization=quantization,
+                               kv_cache_memory_bytes=64 << 20, max_num_reqs=4,
+                               max_model_len=1024, max_num_batched_tokens=1024))
+
+
+def agreement(reference: Worker, worker: Worker, ids: list[int]) -> tuple[float, float]:
+    """(top-1 agreement, mean KL(reference || worker) in nats) over every position of ids."""
+    agree, kl = 0, 0.0
+    for start in range(0, len(ids), WINDOW):
+        window = ids[start:start + WINDOW]
+        ref = teacher_forced_logprobs(reference, window)
+        ours = teacher_forced_logprobs(worker, window)
+        agree += int((ref.argmax(-1) == ours.argmax(-1)).sum())
+        kl += float((ref.exp() * (ref - ours)).sum())
+    return agree / len(ids), kl / len(ids)
+
+
+@pytest.fixture(scope="module")
+def text_ids(default_tokenizer) -> list[int]:
+    with open(TEXT) as f:
+        ids = default_tokenizer(f.read()).input_ids
+    assert len(ids) >= 2000
+    return ids
+
+
+def test_the_bfloat16_default_stays_close_to_the_float32_reference(default_worker, text_ids):
+    """The served default (auto, bfloat16) with its weight-only kernels at every row (the decode
+    kernels; a prefill's rows run bfloat16 packed, as --quantization none does): Q4_1 as int4
+    with its scales and zeros rounded to bfloat16, the tied LM head (Q8_0) re-quantized to int8
+    per row. Measured: top-1 0.959, mean KL 0.0022 nats. --quantization none in bfloat16 itself
+    agrees 0.970 (KL 0.0010): near-ties that bfloat16 activations flip, so 99% top-1 is out of
+    reach of any bfloat16 path; the weights' own form is exact (test_quantized_weights.py)."""
+    worker = small_worker("bfloat16", "auto")
+    assert "Q4_1 as int4 group 32 x120" in worker.get_info().weights
+    assert "de-quantised to float32" in default_worker.get_info().weights  # the reference
+    for module in worker.model.modules():
+        if isinstance(module, QuantLinear):
+            module.small_rows = len(text_ids)
+    top1, kl = agreement(default_worker, worker, text_ids)
+    print(f"\nbfloat16 auto: top-1 agreement {top1:.4f}, mean KL {kl:.5f}")
+    assert top1 >= 0.95 and kl <= 0.01
