@@ -67,9 +67,10 @@ def load_model(
     stored = load_weights(model, tensors)
     model = model.to(dtype).eval().requires_grad_(False)
     served: Counter[str] = Counter()
+    packs = packing_available(dtype, device)
     if quantization != "none":
-        served = quant_serve.install(model, quantization, stored, dtype)
-    if packing_available(dtype, device):
+        served = quant_serve.install(model, quantization, stored, dtype, packs)
+    if packs:
         pack_linears(model)
     return model, quant_serve.describe(served, str(dtype).removeprefix("torch."))
 

@@ -34,7 +34,9 @@ class QuantLinear(nn.Module):
     """y = x W^T for a weight held as `QuantizedWeight`; no bias (the model's linears have none).
 
     small: "int4" or "int8" weight-only, used up to `small_rows` rows; large: "bf16" (oneDNN
-    packed), "dyn8" (fbgemm dynamic int8) or the small kernel itself ("same") beyond."""
+    packed), "dense" (a plain matmul of the de-quantised weight in dtype: where oneDNN cannot
+    pack, as on an AVX2-only CPU), "dyn8" (fbgemm dynamic int8) or the small kernel itself
+    ("same") beyond."""
 
     def __init__(self, weight: QuantizedWeight, dtype: torch.dtype, small: str, large: str,
                  small_rows: int) -> None:
@@ -54,6 +56,8 @@ class QuantLinear(nn.Module):
         if large == "bf16":  # as models/packed_linear.py, without keeping the plain weight
             self.packed = torch.ops.mkldnn._reorder_linear_weight(
                 weight.dequantize().to(dtype), _BATCH_HINT)
+        elif large == "dense":
+            self.weight = weight.dequantize().to(dtype)
         elif large == "dyn8":
             self.dense = _dynamic_int8(weight.dequantize())
 
@@ -63,6 +67,8 @@ class QuantLinear(nn.Module):
         if x2.shape[0] > self.small_rows and self.large != "same":
             if self.large == "dyn8":
                 y = self.dense(x2.float()).to(x.dtype)
+            elif self.large == "dense":
+                y = torch.nn.functional.linear(x2, self.weight)
             else:
                 y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
         elif self.small == "int4":

@@ -32,9 +32,11 @@ def kernels_available() -> bool:
 
 
 def install(model: nn.Module, mode: str, stored: dict[str, QuantizedWeight],
-            dtype: torch.dtype) -> Counter[str]:
+            dtype: torch.dtype, packs: bool) -> Counter[str]:
     """Replaces the model's nn.Linear layers as `mode` says; returns what each now serves
-    ("Q4_1 as int4 group 32": count), for the description."""
+    ("Q4_1 as int4 group 32": count), for the description. packs: oneDNN can pack dtype
+    weights on this CPU (models/packed_linear.packing_available); where it cannot (AVX2 only),
+    large batches run a plain matmul of the de-quantised weight instead."""
     served: Counter[str] = Counter()
     for name, linear in list(_linears(model)):
         qweight = _weight_for(mode, stored.get(f"{name}.weight"), linear, name)
@@ -42,6 +44,8 @@ def install(model: nn.Module, mode: str, stored: dict[str, QuantizedWeight],
             continue
         small = "int4" if qweight.bits == 4 else "int8"
         small_rows, large = choose(*qweight.shape)
+        if large == "bf16" and not packs:
+            large = "dense"
         layer = QuantLinear(qweight, dtype, small, large, small_rows)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer)
