@@ -7,18 +7,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from batchwire import kernels
 from batchwire.benchmarks.offline.offline_w64 import run_batchwire
 from batchwire.benchmarks.shared.splits import Splits
 from batchwire.benchmarks.shared.workloads import Workload
 
 import worker_svc.runner.model_runner as model_runner_module
+from worker_svc.models.step_ops import StepTables
 
 # Part of the step -> what a reader of the table should take it to mean.
 PARTS = {
     "scheduler": "schedule(), grammar bitmask, update_from_output() (token stop checks)",
     "runner inputs": "validation, _update_states (persistent batch), _prepare_inputs",
-    "attention": "reshape_and_cache + paged_attention, all layers",
+    "attention": "the K/V cache write + paged attention, all layers",
     "model, rest": "forward pass less attention: matmuls, norms, rotary, activations",
     "LM head": "logits of the sampled rows",
     "sampling": "sampler and recording the sampled tokens",
@@ -37,8 +37,11 @@ def profile_step(llm: Any, workload: Workload) -> dict[str, Any]:
     splits.wrap(model_runner_module, "validate_scheduler_output", "runner inputs")
     splits.wrap(runner, "_update_states", "runner inputs")
     splits.wrap(runner, "_prepare_inputs", "runner inputs")
-    splits.wrap(kernels, "reshape_and_cache", "attention")
-    splits.wrap(kernels, "paged_attention", "attention")
+    # The cache write and the attention kernel as the layers call them: the write through the
+    # step's tables, the kernel through each layer's `attend` (bound when the layer was built).
+    splits.wrap(StepTables, "write_kv", "attention")
+    for layer in model.attention_layers():
+        splits.wrap(layer, "attend", "attention")
     splits.wrap(model, "forward", "model, rest")
     splits.wrap(model, "compute_logits", "LM head")
     splits.wrap(runner, "sampler", "sampling")
