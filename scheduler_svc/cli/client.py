@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -38,22 +38,33 @@ def with_default_port(address: str) -> str:
 
 
 @contextmanager
-def interrupt_cancels(call: Any) -> Iterator[None]:
-    """Ctrl-C while `call` (a gRPC call or future) is under way cancels it; KeyboardInterrupt is
-    raised here once the call has ended. Left to Python's default handler, KeyboardInterrupt is
-    raised at whatever line of gRPC's own Python code the main thread runs, which can leave a
-    call's state half-updated: closing the channel then waits for that call forever. Main thread
-    only (signal handlers are set there)."""
+def interrupt_cancels() -> Iterator[Callable[[Any], Any]]:
+    """Ctrl-C while a call made inside this block is under way cancels it; KeyboardInterrupt is
+    raised here once the block has ended. Enter it before the call is made and pass the call
+    (a gRPC call or future) to the function it yields. Left to Python's default handler,
+    KeyboardInterrupt is raised at whatever line of gRPC's own Python code the main thread runs,
+    which can leave a call's state half-updated: closing the channel then waits for that call
+    forever. That includes the lines that make the call, after the server has it: a Ctrl-C there
+    is held here until the call exists, then cancels it. Main thread only (signal handlers are
+    set there)."""
+    calls: list[Any] = []
     interrupted = False
 
     def cancel(signum: int, frame: Any) -> None:
         nonlocal interrupted
         interrupted = True
-        call.cancel()
+        for call in calls:
+            call.cancel()
+
+    def watch(call: Any) -> Any:
+        calls.append(call)
+        if interrupted:
+            call.cancel()
+        return call
 
     previous = signal.signal(signal.SIGINT, cancel)
     try:
-        yield
+        yield watch
     except (grpc.RpcError, grpc.FutureCancelledError):
         if not interrupted:
             raise
@@ -74,10 +85,9 @@ class GenerationClient:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Raises ConnectionError when no server answers at the address within timeout_s."""
-        ready = grpc.channel_ready_future(self.channel)
         try:
-            with interrupt_cancels(ready):
-                ready.result(timeout=timeout_s)
+            with interrupt_cancels() as watch:
+                watch(grpc.channel_ready_future(self.channel)).result(timeout=timeout_s)
         except grpc.FutureTimeoutError:
             raise ConnectionError(f"cannot reach a server at {self.address} within "
                                   f"{timeout_s:g} s (is one running? --address HOST:PORT "
@@ -86,37 +96,38 @@ class GenerationClient:
     def generate(self, request: generate_pb2.GenerateRequest, timeout_s: float | None = None
                  ) -> Iterator[generate_pb2.GenerateResponse]:
         """The response stream; closing the iterator early cancels the request."""
-        call = self.stub.Generate(request, timeout=timeout_s, metadata=self.metadata)
+        calls: list[Any] = []
         try:
-            with interrupt_cancels(call):
-                yield from call
+            with interrupt_cancels() as watch:
+                calls.append(watch(self.stub.Generate(request, timeout=timeout_s,
+                                                      metadata=self.metadata)))
+                yield from calls[0]
         finally:
-            call.cancel()
+            for call in calls:
+                call.cancel()
 
     def model_info(self) -> generate_pb2.GetModelInfoResponse:
-        call = self.stub.GetModelInfo.future(generate_pb2.GetModelInfoRequest(), timeout=30,
-                                             metadata=self.metadata)
-        with interrupt_cancels(call):
-            info = call.result()
+        with interrupt_cancels() as watch:
+            info = watch(self.stub.GetModelInfo.future(
+                generate_pb2.GetModelInfoRequest(), timeout=30, metadata=self.metadata)).result()
         return info
 
     def load_lora_adapters(self, modules: dict[str, str]) -> None:
         """Loads each name=path adapter the server does not serve yet; raises SystemExit for a
         name it serves from another path (and grpc.RpcError for a refused load)."""
-        call = self.stub.ListLoRAAdapters.future(generate_pb2.ListLoRAAdaptersRequest(),
-                                                 timeout=30, metadata=self.metadata)
-        with interrupt_cancels(call):
-            served = {a.name: a.path for a in call.result().adapters}
+        with interrupt_cancels() as watch:
+            listed = watch(self.stub.ListLoRAAdapters.future(
+                generate_pb2.ListLoRAAdaptersRequest(), timeout=30, metadata=self.metadata))
+            served = {a.name: a.path for a in listed.result().adapters}
         for name, path in modules.items():
             if name in served and served[name] != path:
                 raise SystemExit(f"batchwire: adapter {name!r} is loaded from {served[name]!r}, "
                                  f"not {path!r}")
             if name not in served:
                 request = generate_pb2.LoadLoRAAdapterRequest(lora_name=name, lora_path=path)
-                load = self.stub.LoadLoRAAdapter.future(request, timeout=60,
-                                                        metadata=self.metadata)
-                with interrupt_cancels(load):
-                    load.result()
+                with interrupt_cancels() as watch:
+                    watch(self.stub.LoadLoRAAdapter.future(request, timeout=60,
+                                                           metadata=self.metadata)).result()
 
     def chat_request(self, messages: Sequence[tuple[str, str]],
                      sampling: generate_pb2.SamplingParams) -> generate_pb2.GenerateRequest:

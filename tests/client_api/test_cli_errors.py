@@ -17,7 +17,7 @@ import grpc
 import pytest
 from batchwire.v1 import generate_pb2, generate_pb2_grpc
 
-from scheduler_svc.cli.client import GenerationClient, with_default_port
+from scheduler_svc.cli.client import GenerationClient, interrupt_cancels, with_default_port
 from tests.client_api.server_process import REPO
 
 CLI = [sys.executable, "-m", "scheduler_svc.cli"]
@@ -142,3 +142,26 @@ def test_no_worker_says_unavailable_once_and_why():
     assert done.stderr.strip() == (
         "batchwire generate: UNAVAILABLE: no worker is available to run the request: none has "
         "joined yet, or every one failed or is leaving"), done.stderr
+
+
+def test_a_ctrl_c_while_a_call_is_being_made_cancels_it_once_it_exists():
+    """The signal lands while gRPC's Python code makes the call (the server may have it already):
+    nothing is raised inside that code; the call is cancelled once it exists, and
+    KeyboardInterrupt comes when the block ends."""
+
+    class Call:
+        cancelled = False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    call, reached = Call(), False
+    with pytest.raises(KeyboardInterrupt):
+        with interrupt_cancels() as watch:
+            os.kill(os.getpid(), signal.SIGINT)  # as if inside stub.GetModelInfo.future(...)
+            time.sleep(0.01)  # the handler runs here, in the main thread: it must not raise
+            assert not call.cancelled
+            watch(call)
+            reached = True
+    assert reached and call.cancelled
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
