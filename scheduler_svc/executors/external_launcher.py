@@ -77,6 +77,15 @@ class ExternalLauncherExecutor(UniProcExecutor):
         # Every rank then calls sample_tokens, where the last stage's result is shared.
         return None
 
+    def shutdown(self) -> None:
+        super().shutdown()
+        # Every rank runs the same script, so every rank shuts down here: they leave the group
+        # together rather than at the interpreter's exit, where gloo's teardown in one rank
+        # while a peer still sends aborted a rank (SIGABRT) in a fresh-clone run.
+        leave = getattr(self.worker, "leave_group", None)  # a test's stand-in may have none
+        if leave is not None:
+            leave()
+
     def collective_rpc(self, method: str | Callable, args: tuple = (), non_block: bool = False,
                        unique_reply_rank: int | None = None) -> Any:
         """A method name of the worker, or a function called as function(worker, *args), on

@@ -58,7 +58,6 @@ class StepTables:
         # a + (-b) are the same float.
         qk.copy_(x * self.cos + swapped * self.sin)
 
-
     def write_kv(
         self,
         key: torch.Tensor,  # [T, nkv, hd]

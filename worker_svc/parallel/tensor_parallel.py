@@ -78,6 +78,15 @@ def init_distributed(
     return TensorParallel(rank % tp_size, tp_size, group)
 
 
+def leave_distributed_group() -> None:
+    """Every rank of the group leaves it together (a collective: call it on all ranks). Left to
+    the interpreter's exit, gloo's teardown in one rank while a peer still sends can abort the
+    process ('terminate called without an active exception', SIGABRT)."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class ShardPlan:
     """Where this rank's slice lies in each kind of full tensor."""

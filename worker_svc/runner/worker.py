@@ -13,7 +13,7 @@ from batchwire.v1 import worker_pb2
 from worker_svc.batch_invariant import enable as enable_batch_invariant
 from worker_svc.loaders.weights import load_model
 from worker_svc.models.llama import LlamaForCausalLM
-from worker_svc.parallel.tensor_parallel import init_distributed
+from worker_svc.parallel.tensor_parallel import init_distributed, leave_distributed_group
 from worker_svc.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -143,6 +143,11 @@ class Worker:
         if self.is_output_rank:
             return out
         return None if payload[0] is None else worker_pb2.ModelRunnerOutput.FromString(payload[0])
+
+    def leave_group(self) -> None:
+        """Leaves torch.distributed's group with the other ranks (all call it together: the
+        external launcher's ranks, as they shut down in step)."""
+        leave_distributed_group()
 
     def group_infos(self) -> list[worker_pb2.WorkerInfo]:
         """Every rank's WorkerInfo, in rank order (stages may hold different block counts)."""
