@@ -10,9 +10,24 @@ import os
 # stall each other, which once made the suite's server tests ten times slower.
 os.environ["OMP_NUM_THREADS"] = "1"
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+# One temp folder for the run, its processes and every server or worker they start: a test that
+# SIGKILLs a server (or takes a Ray node away) leaves that server's folders behind (its worker
+# token, ready files), and they go with this folder at the end instead of piling up in /tmp.
+# The run's first process (xdist's controller) makes it; the processes it starts inherit it.
+if "BATCHWIRE_TEST_TMPDIR" not in os.environ:
+    os.environ["BATCHWIRE_TEST_TMPDIR"] = tempfile.mkdtemp(prefix="bwt-", dir="/tmp")
+    _OWN_TMPDIR = True
+else:
+    _OWN_TMPDIR = False
+os.environ["TMPDIR"] = os.environ["BATCHWIRE_TEST_TMPDIR"]
+tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from batchwire.common.model_files import default_model_path
+from batchwire.common.model_files import default_model_path  # noqa: E402
 
 torch.set_num_threads(1)  # in case a plugin imported torch before this file
 
@@ -175,3 +190,8 @@ def pytest_collection_modifyitems(config, items):
         if (path in SLOW_FILES or f"{path}::{item.name}" in SLOW_TESTS
                 or DEFAULT_MODEL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_unconfigure(config):
+    if _OWN_TMPDIR:
+        shutil.rmtree(os.environ["BATCHWIRE_TEST_TMPDIR"], ignore_errors=True)
