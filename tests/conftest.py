@@ -15,7 +15,7 @@ import sys  # noqa: E402
 import tempfile  # noqa: E402
 
 # Bytecode is cached even where the environment says not to (PYTHONDONTWRITEBYTECODE, set on CI's
-# machines): the suite starts hundreds of Python processes (servers, workers, CLI clients), and
+# machines): the suite starts many Python processes (servers, workers, CLI clients), and
 # without a cache each one compiles batchwire's own sources again (0.6 s of a 3 s start here).
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
@@ -24,6 +24,8 @@ sys.dont_write_bytecode = False
 # SIGKILLs a server (or takes a Ray node away) leaves that server's folders behind (its worker
 # token, ready files), and they go with this folder at the end instead of piling up in /tmp.
 # The run's first process (xdist's controller) makes it; the processes it starts inherit it.
+# pytest's tmp_path folders live in it too: to look at one after a failure, run with
+# BATCHWIRE_TEST_TMPDIR set to a folder of your own, which is then kept.
 if "BATCHWIRE_TEST_TMPDIR" not in os.environ:
     os.environ["BATCHWIRE_TEST_TMPDIR"] = tempfile.mkdtemp(prefix="bwt-", dir="/tmp")
     _OWN_TMPDIR = True
