@@ -115,8 +115,6 @@ def add_speculative_options(p: argparse.ArgumentParser) -> None:
                "longest suffix the n-gram proposer matches (tried first)", type=int)
 
 
-
-
 def add_task_options(p: argparse.ArgumentParser) -> None:
     """What the workers serve, and how their layers are split; passed on to the workers this
     command starts (SchedulerConfig.worker_config), which report it back (GetInfo)."""
@@ -207,8 +205,6 @@ def add_worker_tls_options(g: Any) -> None:
 def add_ray_option(g: Any) -> None:
     add_option(g, "--ray-address", None, "with --transport ray: the Ray cluster, host:port "
                "(default: $RAY_ADDRESS, else a local Ray started for this process)")
-
-
 
 
 def add_worker_token_option(g: Any) -> None:

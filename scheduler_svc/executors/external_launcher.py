@@ -82,9 +82,7 @@ class ExternalLauncherExecutor(UniProcExecutor):
         # Every rank runs the same script, so every rank shuts down here: they leave the group
         # together rather than at the interpreter's exit, where gloo's teardown in one rank
         # while a peer still sends aborted a rank (SIGABRT) in a fresh-clone run.
-        leave = getattr(self.worker, "leave_group", None)  # a test's stand-in may have none
-        if leave is not None:
-            leave()
+        self.worker.leave_group()
 
     def collective_rpc(self, method: str | Callable, args: tuple = (), non_block: bool = False,
                        unique_reply_rank: int | None = None) -> Any:

@@ -87,8 +87,6 @@ class ServerConfig:
         ]
 
 
-
-
 def ports_to_open(cfg: ServerConfig) -> list[PortRequest]:
     ports = [PortRequest("gRPC", cfg.host, cfg.port, "--port")]
     if cfg.health_port is not None:
