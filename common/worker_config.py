@@ -17,6 +17,11 @@ POOLING_TYPES = ("last", "mean", "cls")
 # linear weight in that form, float weights quantized at load (a GGUF tensor stored in more bits
 # than int4, Q8_0, is served as int8 by int4: never fewer bits than the file holds).
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
+# How a CPU worker runs steps of decode rows: "native" = up to 8 rows in one call into a compiled
+# C step (worker_svc/native) where the linear weights are served quantized (as stored), falling
+# back to torch where it cannot (no C compiler, float weights, a sharded model); "torch" = every
+# step on the torch path (the reference).
+CPU_DECODES = ("native", "torch")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,6 +59,7 @@ class WorkerConfig:
     max_lora_rank: int = 16  # the slots' rank: every adapter's rank must be at most this
     max_cpu_loras: int = 0  # adapters kept on the host (LRU); 0 = as many as max_loras
     quantization: str = "auto"  # one of QUANTIZATIONS
+    cpu_decode: str = "native"  # one of CPU_DECODES
 
     @property
     def served_quantization(self) -> str:
@@ -119,6 +125,8 @@ class WorkerConfig:
             raise ValueError(
                 f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}"
             )
+        if self.cpu_decode not in CPU_DECODES:
+            raise ValueError(f"cpu_decode must be one of {CPU_DECODES}, got {self.cpu_decode!r}")
         refused = self._quantized_kernels_run()
         if self.quantization in ("int8", "int4") and refused is not None:
             raise ValueError(f"quantization={self.quantization} is not served with {refused}; "
@@ -171,6 +179,7 @@ class WorkerConfig:
             "--batch-invariant" if self.batch_invariant else "--no-batch-invariant",
             "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank),
             "--max-cpu-loras", str(self.max_cpu_loras), "--quantization", self.quantization,
+            "--cpu-decode", self.cpu_decode,
         ]
         if self.model is not None:
             argv += ["--model", self.model]

@@ -55,6 +55,7 @@ class SchedulerConfig:
     # How a locally started group serves linear weights (the workers' --quantization; see
     # batchwire.common.worker_config.QUANTIZATIONS); remote workers report their own.
     quantization: str = "auto"
+    cpu_decode: str = "native"  # the workers' --cpu-decode (worker_config.CPU_DECODES)
     # Adapters a server loads at start (--lora-modules NAME=PATH): (name, PEFT folder) pairs.
     lora_modules: tuple[tuple[str, str], ...] = ()
     worker_rpc_timeout_s: float = 600.0  # the longest one call may take (a long prefill on CPU)
@@ -208,4 +209,5 @@ class SchedulerConfig:
             max_lora_rank=self.max_lora_rank,
             max_cpu_loras=self.max_cpu_loras,
             quantization=self.quantization,
+            cpu_decode=self.cpu_decode,
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 from batchwire.common.env_options import env_bool, env_default, env_flag, env_name
 from batchwire.common.sizes import byte_size, format_size
-from batchwire.common.worker_config import POOLING_TYPES, QUANTIZATIONS, TASKS
+from batchwire.common.worker_config import CPU_DECODES, POOLING_TYPES, QUANTIZATIONS, TASKS
 
 from scheduler_svc.cli.client_commands import lora_module
 from scheduler_svc.config import POLICIES, TOOL_CALL_PARSERS, SchedulerConfig
@@ -49,6 +49,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                "bfloat16, else none; none = de-quantised to --dtype; int8/int4 = every linear "
                "weight so (workers this command starts; GetModelInfo.weights says what is served)",
                choices=QUANTIZATIONS)
+    add_option(g, "--cpu-decode", DEFAULTS["cpu_decode"], "CPU decode steps: native = up to "
+               "8 decode rows in one compiled C call where the weights are served quantized "
+               "(built with the machine's C compiler at first use; torch where it cannot); "
+               "torch = every step on the torch path", choices=CPU_DECODES)
     add_option(g, "--generation-config", DEFAULTS["generation_config"], "defaults of a request's "
                "unset sampling fields: auto = the model's generation config (GetModelInfo shows "
                "them), none = batchwire's (temperature 1...), or a folder or "

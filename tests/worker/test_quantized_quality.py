@@ -83,3 +83,48 @@ def test_the_bfloat16_default_stays_close_to_the_float32_reference(default_worke
     top1, kl = agreement(default_worker, worker, text_ids)
     print(f"\nbfloat16 auto: top-1 agreement {top1:.4f}, mean KL {kl:.5f}")
     assert top1 >= 0.95 and kl <= 0.01
+
+
+def native_teacher_forced_logprobs(worker: Worker, windows: list[list[int]]) -> torch.Tensor:
+    """The same log-probabilities through the served decode steps: the windows side by side as
+    decode rows, one token each per step from position 0, as a stream's decode runs them (the
+    native step where the worker serves it). [len(windows) * window, vocab], window-major."""
+    model, block = worker.model, worker.config.block_size
+    rows, length = len(windows), len(windows[0])
+    per_row = -(-length // block)
+    table = np.arange(1, rows * per_row + 1, dtype=np.int32).reshape(rows, per_row)
+    qsl = np.arange(rows + 1, dtype=np.int32)
+    out = torch.empty(rows, length, model.config.vocab_size)
+    for t in range(length):
+        seq = np.full(rows, t + 1, dtype=np.int32)
+        slots = table[:, t // block].astype(np.int64) * block + t % block
+        metadata = AttentionMetadata(
+            num_actual_tokens=rows, query_start_loc=torch.from_numpy(qsl),
+            seq_lens=torch.from_numpy(seq), block_table=torch.from_numpy(table),
+            slot_mapping=torch.from_numpy(slots), max_query_len=1, max_seq_len=t + 1,
+            query_start_loc_cpu=qsl, seq_lens_cpu=seq,
+        )  # fmt: skip
+        with torch.inference_mode(), set_forward_context(metadata):
+            hidden = model(torch.tensor([w[t] for w in windows]), torch.full((rows,), t))
+            out[:, t] = torch.log_softmax(model.compute_logits(hidden).float(), dim=-1)
+    return out.reshape(rows * length, -1)
+
+
+def test_the_served_decode_steps_stay_close_to_the_float32_reference(default_worker, text_ids):
+    """What a stream's decode computes by default on CPU (bfloat16, auto: the native step,
+    float32 activations on the file's Q4_1 and Q8_0 values as stored, K/V in bfloat16), over
+    the whole text in 8 windows side by side, against the float32 reference on the same
+    windows. Measured: see docs/performance.md (native decode step)."""
+    worker = small_worker("bfloat16", "auto")
+    assert worker.model.native is not None
+    assert "one native call" in worker.get_info().weights
+    rows = 8
+    length = len(text_ids) // rows
+    windows = [text_ids[r * length:(r + 1) * length] for r in range(rows)]
+    ours = native_teacher_forced_logprobs(worker, windows)
+    ref = torch.cat([teacher_forced_logprobs(default_worker, w) for w in windows])
+    top1 = float((ref.argmax(-1) == ours.argmax(-1)).float().mean())
+    kl = float((ref.exp() * (ref - ours)).sum(-1).mean())
+    print(f"\nnative decode steps: top-1 agreement {top1:.4f}, mean KL {kl:.5f} "
+          f"over {rows} x {length} tokens")
+    assert top1 >= 0.99 and kl <= 0.01

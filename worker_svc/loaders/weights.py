@@ -12,6 +12,7 @@ from worker_svc.loaders import gguf_file, hf_checkpoint
 from worker_svc.model_config import ModelConfig
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.models.packed_linear import pack_linears, packing_available
+from worker_svc.native.decoder import NativeDecoder
 from worker_svc.parallel.pipeline import PipelineStage
 from worker_svc.parallel.tensor_parallel import TensorParallel
 from worker_svc.quant import serve as quant_serve
@@ -41,11 +42,13 @@ def load_model(
     tp: TensorParallel | None = None,
     pp: tuple[int, int] = (0, 1),
     quantization: str = "none",
+    cpu_decode: str = "torch",
 ) -> tuple[LlamaForCausalLM, str]:
     """This rank's part of the model: the layers of its pipeline stage `pp` = (pp_rank, pp_size),
     each weight's tensor-parallel shard (all of it without tensor parallelism); and what its
     quantized linear layers serve (quant_serve.describe; "" for none). quantization: the
-    resolved mode ("none", "native", "int4", "int8"; WorkerConfig.served_quantization)."""
+    resolved mode ("none", "native", "int4", "int8"; WorkerConfig.served_quantization).
+    cpu_decode "native": decode steps run the native C step where it serves (worker_svc/native)."""
     if path.endswith(".gguf"):
         reader = gguf_file.GgufFile.open(path)
         cfg = gguf_file.read_config(reader)
@@ -65,14 +68,22 @@ def load_model(
     model.tie_weights()
     model.init_rotary(device)
     stored = load_weights(model, tensors)
+    # Built from the float32 parameters, before the cast: the norms as the file stores them.
+    native = (NativeDecoder.build(model, stored, max_position)
+              if cpu_decode == "native" and quantization == "native" and stage.is_first
+              and stage.is_last else None)
     model = model.to(dtype).eval().requires_grad_(False)
+    model.native = native
     served: Counter[str] = Counter()
     packs = packing_available(dtype, device)
     if quantization != "none":
         served = quant_serve.install(model, quantization, stored, dtype, packs)
     if packs:
         pack_linears(model)
-    return model, quant_serve.describe(served, str(dtype).removeprefix("torch."))
+    description = quant_serve.describe(served, str(dtype).removeprefix("torch."))
+    if native is not None:
+        description += f"; {native.describe()}"
+    return model, description
 
 
 def load_weights(

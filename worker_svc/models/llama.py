@@ -21,6 +21,8 @@ from worker_svc.models.forward_context import get_attention_metadata, get_lora_m
 from worker_svc.models.lora_linear import LoRAStack
 from worker_svc.models.rotary import cos_sin_cache
 from worker_svc.models.step_ops import StepTables, rms_norm
+from worker_svc.native.decoder import MAX_ROWS as MAX_NATIVE_ROWS
+from worker_svc.native.decoder import NativeDecoder
 from worker_svc.parallel.pipeline import IntermediateTensors, PipelineStage
 from worker_svc.parallel.tensor_parallel import ShardPlan, TensorParallel
 
@@ -181,6 +183,9 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         self.max_position = max_position
         self.cos_sin = torch.empty(0)  # filled by init_rotary(), once the weights have a device
+        # The native CPU decode step (worker_svc/native), set by the loader where it serves:
+        # steps of decode rows only run there, in one call; the rest runs below.
+        self.native: NativeDecoder | None = None
 
     def tie_weights(self) -> None:
         """Shares the embedding with the LM head when the checkpoint ties them.
@@ -192,9 +197,12 @@ class LlamaForCausalLM(nn.Module):
         if self.config.tie_word_embeddings and embed is not None and head is not None:
             head.weight = embed.weight
 
+    def decoder_layers(self) -> list[DecoderLayer]:
+        return [cast(DecoderLayer, layer) for layer in self.layers.values()]
+
     def attention_layers(self) -> list[Attention]:
         """This stage's attention modules in layer order; each holds its layer's KV cache."""
-        return [cast(DecoderLayer, layer).self_attn for layer in self.layers.values()]
+        return [layer.self_attn for layer in self.decoder_layers()]
 
     def enable_lora(self, max_loras: int, max_rank: int) -> None:
         """Gives each projection of each layer its (zeroed) adapter slots, in the weights' dtype."""
@@ -231,6 +239,11 @@ class LlamaForCausalLM(nn.Module):
         A later stage starts from the previous stage's `intermediate` instead of the tokens; a
         stage before the last returns its stream, un-normalised, for the next one.
         """
+        if self.native is not None and intermediate is None and self._native_serves(input_ids):
+            metadata = get_attention_metadata()
+            rows = metadata.num_reqs
+            return self.native.decode(self._embed(input_ids), positions,
+                                      metadata.block_table[:rows], metadata.seq_lens[:rows])
         residual = None
         if intermediate is None:
             x = self._embed(input_ids)
@@ -244,6 +257,13 @@ class LlamaForCausalLM(nn.Module):
             return IntermediateTensors(x, residual)
         x, _ = self.norm(x, residual)
         return x
+
+    def _native_serves(self, input_ids: torch.Tensor) -> bool:
+        """Whether this step is decode rows only (one token per request, no adapter), few
+        enough for one native call."""
+        metadata = get_attention_metadata()
+        return (metadata.max_query_len == 1 and input_ids.shape[0] == metadata.num_reqs
+                <= MAX_NATIVE_ROWS and get_lora_mask() is None)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         assert self.embed_tokens is not None, "only the first stage embeds tokens"
@@ -261,5 +281,7 @@ class LlamaForCausalLM(nn.Module):
         Every rank then samples the same tokens from the same logits, so ranks stay in step.
         """
         assert self.lm_head is not None, "only the last stage computes logits"
+        if self.native is not None and hidden.shape[0] <= MAX_NATIVE_ROWS:
+            return self.native.logits(hidden)  # the stored head (Q8_0 as it is), float32
         logits = self.lm_head(hidden).float()
         return self.tp.all_gather_last_dim(logits, self.plan.vocab_sizes)

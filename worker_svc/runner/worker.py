@@ -66,6 +66,7 @@ class Worker:
             self.tp,
             (config.pp_rank, config.pipeline_parallel_size),
             config.served_quantization,
+            config.cpu_decode,
         )
         self.weights = describe_weights(self.model_path, config.dtype, served)
         if config.batch_invariant:

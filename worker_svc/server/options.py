@@ -10,6 +10,7 @@ import dataclasses
 from batchwire.common.env_options import env_default, env_flag
 from batchwire.common.sizes import byte_size
 from batchwire.common.worker_config import (
+    CPU_DECODES,
     DTYPES,
     POOLING_TYPES,
     QUANTIZATIONS,
@@ -45,6 +46,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="linear weights: auto = a GGUF file's Q4_0/Q4_1/Q8_0 tensors served as stored "
         "(int4/int8 kernels) with bfloat16 on CPU, else none; none = de-quantised to --dtype; "
         "int8/int4 = every linear weight so, float ones quantized at load (default: %(default)s)",
+    )
+    model.add_argument(
+        "--cpu-decode",
+        choices=CPU_DECODES,
+        default=env_default("cpu_decode", _DEFAULTS["cpu_decode"]),
+        help="CPU decode steps: native = up to 8 decode rows in one compiled C call where the "
+        "weights are served quantized (torch where it cannot); torch = every step on the torch "
+        "path (default: %(default)s)",
     )
     model.add_argument(
         "--device",
@@ -269,4 +278,5 @@ def worker_config(
         max_lora_rank=args.max_lora_rank,
         max_cpu_loras=args.max_cpu_loras,
         quantization=args.quantization,
+        cpu_decode=args.cpu_decode,
     )

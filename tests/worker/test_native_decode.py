@@ -1,0 +1,146 @@
+"""The native CPU decode step (worker_svc/native) against the torch path it replaces.
+
+In float32 both compute from the same weights (the file's Q4_1 and Q8_0 values, de-quantised
+exactly), so a native step's logits equal the torch path's up to summation order. The step is
+run through the model's own forward, as the runner calls it, over rows whose blocks are not
+consecutive, from position 0 (the native step writes each token's K/V as it goes).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from batchwire.kernels import AttentionMetadata
+
+from worker_svc.loaders import gguf_file
+from worker_svc.loaders.weights import load_weights
+from worker_svc.models.forward_context import set_forward_context
+from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.native import library
+from worker_svc.native.decoder import NativeDecoder, pack_int4
+from worker_svc.quant.blocks import quantize_int4
+
+# Each more than a block (16 tokens) long, so that the steps cross into a row's second block.
+PROMPTS = [
+    "The lighthouse keeper climbed the winding stairs at dusk, lit the great lamp, and watched "
+    "the ships pass far out beyond the reef until the morning came.",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + "
+    "fibonacci(n - 2)\n\nprint([fibonacci(i) for i in range(10)])",
+    "Paris is the capital of France, Berlin is the capital of Germany, Madrid is the capital of "
+    "Spain, and Rome is the capital of",
+]
+
+
+@pytest.fixture(scope="module")
+def float32_native(default_worker):
+    """The float32 reference worker with a native step built from the file's stored weights:
+    attached to its model for the module's tests, detached after."""
+    model = default_worker.model
+    reader = gguf_file.GgufFile.open(default_worker.model_path)
+    cfg = gguf_file.read_config(reader)
+    with torch.device("meta"):
+        fresh = LlamaForCausalLM(cfg, model.max_position)
+    fresh = fresh.to_empty(device="cpu")
+    fresh.tie_weights()
+    stored = load_weights(fresh, gguf_file.iter_tensors(reader, cfg, keep_quantized=True))
+    native = NativeDecoder.build(model, stored, model.max_position)
+    assert native is not None
+    yield default_worker, native
+    model.native = None
+
+
+def decode_metadata(tokens_so_far: list[int], tables: list[list[int]], block: int
+                    ) -> AttentionMetadata:
+    """One decode row per request: request r's token at position tokens_so_far[r]."""
+    rows = len(tokens_so_far)
+    positions = np.array(tokens_so_far)
+    seq = (positions + 1).astype(np.int32)
+    table = np.array(tables, dtype=np.int32)
+    slots = table[np.arange(rows), positions // block] * block + positions % block
+    qsl = np.arange(rows + 1, dtype=np.int32)
+    return AttentionMetadata(
+        num_actual_tokens=rows, query_start_loc=torch.from_numpy(qsl),
+        seq_lens=torch.from_numpy(seq), block_table=torch.from_numpy(table),
+        slot_mapping=torch.from_numpy(slots.astype(np.int64)), max_query_len=1,
+        max_seq_len=int(seq.max()), query_start_loc_cpu=qsl, seq_lens_cpu=seq,
+    )  # fmt: skip
+
+
+def step_logits(model, ids: list[int], positions: list[int], metadata) -> torch.Tensor:
+    with torch.inference_mode(), set_forward_context(metadata):
+        hidden = model(torch.tensor(ids), torch.tensor(positions))
+        return model.compute_logits(hidden)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_native_steps_give_the_torch_paths_logits_in_float32(float32_native, default_tokenizer,
+                                                             rows):
+    worker, native = float32_native
+    model, block = worker.model, worker.config.block_size
+    texts = [default_tokenizer(p).input_ids for p in PROMPTS[:rows]]
+    steps = min(len(t) for t in texts)
+    assert steps > block
+    # Interleaved, non-consecutive blocks: row r holds blocks 1 + r, 1 + r + rows, ...
+    tables = [[1 + r + rows * i for i in range(4)] for r in range(rows)]
+    worst = 0.0
+    for t in range(steps):
+        ids = [text[t] for text in texts]
+        metadata = decode_metadata([t] * rows, tables, block)
+        model.native = None
+        reference = step_logits(model, ids, [t] * rows, metadata)
+        model.native = native
+        ours = step_logits(model, ids, [t] * rows, metadata)
+        assert ours.dtype == torch.float32 and ours.shape == reference.shape
+        assert torch.equal(ours.argmax(-1), reference.argmax(-1)), f"step {t}"
+        worst = max(worst, float((ours - reference).abs().max()))
+    print(f"\n{rows} rows, {steps} steps: largest logit difference {worst:.2e}")
+    assert worst < 2e-3
+
+
+def test_prefill_and_multi_token_steps_stay_on_the_torch_path(float32_native, monkeypatch):
+    worker, native = float32_native
+    model = worker.model
+    model.native = native
+    calls = []
+    monkeypatch.setattr(native, "decode", lambda *a: calls.append(a))
+    ids, block = [1, 2, 3, 4], worker.config.block_size
+    positions = np.arange(4)
+    qsl, seq = np.array([0, 4], dtype=np.int32), np.array([4], dtype=np.int32)
+    metadata = AttentionMetadata(
+        num_actual_tokens=4, query_start_loc=torch.from_numpy(qsl),
+        seq_lens=torch.from_numpy(seq), block_table=torch.tensor([[1]], dtype=torch.int32),
+        slot_mapping=torch.from_numpy(block + positions), max_query_len=4, max_seq_len=4,
+        query_start_loc_cpu=qsl, seq_lens_cpu=seq,
+    )  # fmt: skip
+    logits = step_logits(model, ids, list(positions), metadata)
+    assert calls == [] and logits.shape[0] == 4
+
+
+def test_int4_packing_holds_the_codes_and_the_weight():
+    torch.manual_seed(0)
+    weight = quantize_int4(torch.randn(8, 64), "float32 at load")
+    packed, scale, bias = pack_int4(weight)
+    groups = packed.reshape(8, 2, 16)
+    codes = torch.cat([groups & 15, groups >> 4], dim=-1).reshape(8, 64)
+    assert torch.equal(codes, weight.codes)
+    values = codes.float().reshape(8, 2, 32) * scale[..., None] + bias[..., None]
+    torch.testing.assert_close(values.reshape(8, 64), weight.dequantize(), rtol=0, atol=1e-6)
+
+
+def test_the_library_is_built_once_per_source_and_not_without_a_compiler(
+        tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path / "cache"))
+    assert library.load() is not None
+    built = list((tmp_path / "cache" / "native").glob("decode-*.so"))
+    assert len(built) == 1
+    mtime = built[0].stat().st_mtime_ns
+    assert library.load() is not None
+    assert built[0].stat().st_mtime_ns == mtime  # found, not built again
+    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path / "other"))
+    monkeypatch.setenv("CC", "false")  # a compiler that fails
+    with caplog.at_level(logging.WARNING, logger="worker_svc.native.library"):
+        assert library.load() is None
+    assert "native CPU decode off: false failed to build decode.c" in caplog.text

@@ -1,0 +1,177 @@
+"""The native CPU decode step: a loaded model's decode rows in one call into decode.c.
+
+`NativeDecoder.build` takes the model while its parameters are still float32 (the norms as the
+file stores them) and the quantized weights as the loader read them, and lays them out for the
+C step: 4-bit codes two per byte with float32 scales and biases per group of 32, 8-bit codes
+with float32 scales (GGUF's Q4_0, Q4_1 and Q8_0 without loss: their fp16 scales are exact in
+float32). The model's forward hands it steps whose every row is one decode token
+(`serves`); prefill, drafts, LoRA and the rest stay on the torch path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from worker_svc.native import library
+from worker_svc.quant.blocks import GROUP, INT4_OFFSET, QuantizedWeight
+
+if TYPE_CHECKING:  # the model imports this module
+    from worker_svc.models.llama import LlamaForCausalLM
+
+logger = logging.getLogger(__name__)
+
+MAX_ROWS = 8  # decode.c's MAX_ROWS: the most decode rows one call takes
+
+
+def pack_int4(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes [N, K/2] uint8, scale [N, G], bias [N, G]) with w = q * scale + bias; byte j of a
+    group holds element j in its low nibble and element j + 16 in its high one."""
+    n, k = weight.shape
+    codes = weight.codes.to(torch.uint8).reshape(n, k // GROUP, 2, GROUP // 2)
+    packed = (codes[:, :, 0] | (codes[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+    scale = weight.scale.float().contiguous()
+    bias = (weight.zero - INT4_OFFSET * weight.scale).float().contiguous()
+    return packed, scale, bias
+
+
+def why_not(stored: dict[str, QuantizedWeight], names: list[str]) -> str | None:
+    """Why the native step cannot serve these weights; None when it can."""
+    for name in names:
+        weight = stored.get(name)
+        if weight is None:
+            return f"{name} is not stored quantized"
+        if weight.group != GROUP or weight.bits not in (4, 8):
+            return f"{name} is {weight.source}, not 4- or 8-bit groups of {GROUP}"
+    return None
+
+
+class NativeDecoder:
+    def __init__(self, lib: ctypes.CDLL, model: LlamaForCausalLM,
+                 stored: dict[str, QuantizedWeight], max_model_len: int) -> None:
+        self.lib = lib
+        cfg = model.config
+        self._keep: list[torch.Tensor] = []  # every tensor the structs point into
+        layers = model.decoder_layers()
+        self.layers = (library.Layer * len(layers))()
+        for i, layer in enumerate(layers):
+            prefix = f"layers.{i}"
+            bias = layer.self_attn.qkv_proj.bias
+            self.layers[i] = library.Layer(
+                self._floats(layer.input_layernorm.weight),
+                self._floats(layer.post_attention_layernorm.weight),
+                self._floats(bias) if bias is not None else None,
+                self._qmat(stored[f"{prefix}.self_attn.qkv_proj.weight"]),
+                self._qmat(stored[f"{prefix}.self_attn.o_proj.weight"]),
+                self._qmat(stored[f"{prefix}.mlp.gate_up_proj.weight"]),
+                self._qmat(stored[f"{prefix}.mlp.down_proj.weight"]),
+                None, None)
+        self.attention = model.attention_layers()
+        self.model = library.Model(
+            hidden=cfg.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim, intermediate=cfg.intermediate_size, num_layers=len(layers),
+            block_size=0, num_blocks=0, cache_bf16=0, max_rows=MAX_ROWS,
+            max_seq_len=max_model_len, eps=cfg.rms_norm_eps, scale=cfg.head_dim ** -0.5,
+            cos_sin=self._floats(model.cos_sin), layers=self.layers,
+            final_norm=self._floats(model.norm.weight) if model.norm is not None else None,
+            lm_head=self._qmat(stored["lm_head.weight"]))
+        self._cache_ptr = 0
+        threads = torch.get_num_threads()
+        self._scratch = torch.empty(lib.bw_scratch_floats(self.model, MAX_ROWS, max(threads, 16)))
+
+    @classmethod
+    def build(cls, model: LlamaForCausalLM, stored: dict[str, QuantizedWeight],
+              max_model_len: int) -> NativeDecoder | None:
+        """The native step for a whole (unsharded) model whose linear weights are all stored
+        4- or 8-bit; None, with the reason logged, where it cannot serve."""
+        cfg = model.config
+        names = [f"layers.{i}.{part}.weight" for i in range(cfg.num_layers) for part in (
+            "self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
+        reason = why_not(stored, [*names, "lm_head.weight"])
+        if reason is None and cfg.qk_norm:
+            reason = "the model normalises q and k per head (not in the native step)"
+        if reason is None and cfg.head_dim % 16:
+            reason = f"head_dim {cfg.head_dim} is not a multiple of 16"
+        if reason is None and model.cos_sin.shape[1] != cfg.head_dim:
+            reason = "rotary covers part of each head only"
+        if reason is not None:
+            logger.info("native CPU decode off: %s", reason)
+            return None
+        lib = library.load()
+        return None if lib is None else cls(lib, model, stored, max_model_len)
+
+    @staticmethod
+    def describe() -> str:
+        return (f"decode steps of up to {MAX_ROWS} rows: one native call (float32 activations, "
+                "the stored weights as they are)")
+
+    def _floats(self, t: torch.Tensor) -> int:
+        t = t.detach().float().contiguous()
+        self._keep.append(t)
+        return t.data_ptr()
+
+    def _qmat(self, weight: QuantizedWeight) -> library.QMat:
+        n, k = weight.shape
+        if weight.bits == 4:
+            packed, scale, bias = pack_int4(weight)
+            self._keep += [packed, scale, bias]
+            return library.QMat(4, n, k, packed.data_ptr(), scale.data_ptr(), bias.data_ptr())
+        codes, scale = weight.codes.contiguous(), weight.scale.float().contiguous()
+        self._keep += [codes, scale]
+        return library.QMat(8, n, k, codes.data_ptr(), scale.data_ptr(), None)
+
+    def _attach_cache(self) -> None:
+        """Points each layer at its K/V cache's head-major storage (again, if reallocated)."""
+        first = self.attention[0].k_cache
+        assert first is not None, "KV cache not allocated"
+        if first.data_ptr() == self._cache_ptr:
+            return
+        num_blocks, block_size, num_kv_heads, head_dim = first.shape
+        for i, attn in enumerate(self.attention):
+            k_cache, v_cache = attn.k_cache, attn.v_cache
+            assert k_cache is not None and v_cache is not None, "KV cache not allocated"
+            for cache in (k_cache, v_cache):
+                assert cache.permute(2, 0, 1, 3).is_contiguous(), (
+                    "the native step reads the CPU cache's head-major storage")
+            self.layers[i].k_cache = k_cache.data_ptr()
+            self.layers[i].v_cache = v_cache.data_ptr()
+        self.model.block_size, self.model.num_blocks = block_size, num_blocks
+        self.model.cache_bf16 = int(first.dtype == torch.bfloat16)
+        assert first.dtype in (torch.bfloat16, torch.float32)
+        self._cache_ptr = first.data_ptr()
+
+    def decode(self, embedded: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
+               seq_lens: torch.Tensor) -> torch.Tensor:
+        """embedded [R, hidden] -> the final-normed hidden states [R, hidden] in float32, the
+        K/V of each row's token written to the cache. R <= MAX_ROWS decode rows; positions [R]
+        int64, block_table [R, width] int32, seq_lens [R] int32 (the context after the step)."""
+        self._attach_cache()
+        x = embedded.float().contiguous()
+        if x.data_ptr() == embedded.data_ptr():
+            x = x.clone()  # the step writes its result into x
+        positions, seq_lens = positions.contiguous(), seq_lens.contiguous()
+        block_table = block_table.contiguous()
+        rows = x.shape[0]
+        threads = min(torch.get_num_threads(), 16)
+        code = self.lib.bw_decode(
+            self.model, rows, x.data_ptr(), positions.data_ptr(), block_table.data_ptr(),
+            block_table.shape[1], seq_lens.data_ptr(), self._scratch.data_ptr(), threads)
+        if code != 0:
+            raise ValueError(f"native decode refused {rows} rows at positions "
+                             f"{positions.tolist()} with context lengths {seq_lens.tolist()}")
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [R, hidden] -> float32 logits [R, vocab], from the stored LM head."""
+        hidden = hidden.float().contiguous()
+        rows = hidden.shape[0]
+        out = torch.empty(rows, self.model.lm_head.n)
+        threads = min(torch.get_num_threads(), 16)
+        for start in range(0, rows, MAX_ROWS):
+            part = hidden[start:start + MAX_ROWS]
+            self.lib.bw_lm_head(self.model, part.shape[0], part.data_ptr(),
+                                out[start].data_ptr(), self._scratch.data_ptr(), threads)
+        return out
