@@ -65,3 +65,12 @@ def model_name(path: str) -> str:
     if path == default_model_path():
         return DEFAULT_MODEL_NAME
     return os.path.basename(path.rstrip("/")).removesuffix(".gguf")
+
+
+def cache_root() -> str:
+    """$BATCHWIRE_CACHE_DIR, else $XDG_CACHE_HOME/batchwire, else ~/.cache/batchwire."""
+    configured = os.environ.get("BATCHWIRE_CACHE_DIR")
+    if configured:
+        return configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "batchwire")

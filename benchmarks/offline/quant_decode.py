@@ -7,6 +7,8 @@ a request cancelling out. Reports the median over --rounds per --quantization mo
 ratio to the first mode.
 
     .venv/bin/python -m batchwire.benchmarks.offline.quant_decode --quantization auto,none
+    .venv/bin/python -m batchwire.benchmarks.offline.quant_decode --quantization auto \
+        --cpu-decode native,torch
 """
 
 from __future__ import annotations
@@ -26,15 +28,19 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quantization", default="auto,none")
+    parser.add_argument("--cpu-decode", default="native",
+                        help="comma list; with one --quantization, the engines are the decode "
+                        "paths (native,torch)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    modes = args.quantization.split(",")
-    engines = {m: LLM(dtype=args.dtype, quantization=m, enable_prefix_caching=False,
-                      max_num_seqs=4) for m in modes}
+    pairs = [(q, c) for q in args.quantization.split(",") for c in args.cpu_decode.split(",")]
+    modes = [f"{q}/{c}" for q, c in pairs]
+    engines = {f"{q}/{c}": LLM(dtype=args.dtype, quantization=q, cpu_decode=c,
+                               enable_prefix_caching=False, max_num_seqs=4) for q, c in pairs}
     long = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     short = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
     tpot: dict[str, list[float]] = {m: [] for m in modes}
@@ -51,8 +57,8 @@ def main() -> None:
     first = statistics.median(tpot[modes[0]])
     for mode in modes:
         median = statistics.median(tpot[mode])
-        print(f"quantization={mode}: TPOT {median * 1e3:.1f} ms ({1 / median:.1f} tok/s), "
-              f"{modes[0]}/{mode} speed ratio {median / first:.2f}x  "
+        print(f"quantization/cpu-decode {mode}: TPOT {median * 1e3:.1f} ms "
+              f"({1 / median:.1f} tok/s); {modes[0]} is {median / first:.2f}x as fast "
               f"(rounds: {', '.join(f'{t * 1e3:.1f}' for t in tpot[mode])} ms)")
 
 

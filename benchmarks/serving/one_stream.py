@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> None:
     finally:
         for server in started.values():
             server.stop()
-    _report(args, model, todo, runs, loads)
+    llama_flags = getattr(started.get("llama.cpp"), "extra_flags", [])
+    _report(args, model, todo, runs, loads, llama_flags)
 
 
 def _median(values: list[float]) -> float:
@@ -101,7 +102,8 @@ def summarise(todo: dict[str, tuple[int, int]], timings: dict[str, list[StreamTi
 
 
 def _report(args: argparse.Namespace, model: str, todo: dict[str, tuple[int, int]],
-            runs: dict[str, dict[str, list[StreamTiming]]], loads: list[float]) -> None:
+            runs: dict[str, dict[str, list[StreamTiming]]], loads: list[float],
+            llama_flags: list[str]) -> None:
     report = Report("latency", machine_info(args.dtype), {**vars(args), "model": model})
     summary = {server: summarise(todo, timings) for server, timings in runs.items()}
     rows = []
@@ -114,8 +116,10 @@ def _report(args: argparse.Namespace, model: str, todo: dict[str, tuple[int, int
     report.table(f"one stream, /v1/completions streamed, greedy; medians of {args.repeats} runs, "
                  f"{args.threads} threads", ["server", "case", "prompt", "output", "TTFT ms",
                                              "TPOT ms", "tok/s"], rows,
-                 note=f"load average after each run: {', '.join(f'{x:.2f}' for x in loads)}")
-    report.data.update(summary=summary, load_averages=loads,
+                 note=f"load average after each run: {', '.join(f'{x:.2f}' for x in loads)}"
+                 + (f"; llama-server ran with {' '.join(llama_flags)} (its defaults crashed at "
+                    "start here)" if llama_flags else ""))
+    report.data.update(summary=summary, load_averages=loads, llama_server_flags=llama_flags,
                        runs={s: {c: [[x.ttft_s, x.tpot_s] for x in t] for c, t in r.items()}
                              for s, r in runs.items()})
     if "llama.cpp" in summary:

@@ -29,17 +29,37 @@ class LlamaServer:
                              "llama-server` builds build/llama-server/cmake/bin/llama-server)")
         if not model.endswith(".gguf"):
             raise SystemExit(f"--llama-server needs a GGUF model, and the model is {model}")
-        port = free_port()
-        self.http_url = f"http://127.0.0.1:{port}"
         self.log_path = Path(tempfile.mkdtemp(prefix="bw-bench-llama-")) / "llama-server.log"
         # One slot (-np 1): one stream at a time, as batchwire is measured here.
-        cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t",
-               str(threads), "-tb", str(threads), "-np", "1", "-c", str(context)]
+        base = [binary, "-m", model, "--host", "127.0.0.1", "-t", str(threads), "-tb",
+                str(threads), "-np", "1", "-c", str(context)]
+        # Its defaults first. Where they crash at start (on a CPU with AMX whose tiles the
+        # system does not grant, the weights' repacking for AMX segfaults), again without
+        # repacking: the fastest llama.cpp that runs here is the peer, and the report says so.
+        self.extra_flags: list[str] = []
+        for extra in ([], ["--no-repack"]):
+            self.extra_flags = extra
+            if self._start(base + extra, startup_timeout_s):
+                return
+        raise RuntimeError("llama-server did not come up; its log:\n"
+                           f"{self.log_path.read_text()[-4000:]}")
+
+    def _start(self, cmd: list[str], startup_timeout_s: float) -> bool:
+        """True once healthy; False if it died of a signal at start (the caller retries)."""
+        port = free_port()
+        self.http_url = f"http://127.0.0.1:{port}"
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(cmd + ["--port", str(port)], stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
         try:
             self._wait_healthy(time.monotonic() + startup_timeout_s)
+            return True
+        except RuntimeError:
+            crashed = (self.process.returncode or 0) < 0
+            self.stop()
+            if crashed:
+                return False
+            raise
         except BaseException:
             self.stop()
             raise

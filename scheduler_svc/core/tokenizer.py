@@ -17,18 +17,9 @@ import shutil
 import tempfile
 from typing import Any
 
-from batchwire.common.model_files import resolve_model_path
+from batchwire.common.model_files import cache_root, resolve_model_path
 
 logger = logging.getLogger(__name__)
-
-
-def cache_root() -> str:
-    """$BATCHWIRE_CACHE_DIR, else $XDG_CACHE_HOME/batchwire, else ~/.cache/batchwire."""
-    configured = os.environ.get("BATCHWIRE_CACHE_DIR")
-    if configured:
-        return configured
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "batchwire")
 
 
 def load_tokenizer(model: str | None) -> Any:

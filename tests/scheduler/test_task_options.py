@@ -42,3 +42,21 @@ def test_the_worker_command_takes_quantization_from_its_flag_and_env(monkeypatch
         == "int4"
     monkeypatch.setenv("BATCHWIRE_QUANTIZATION", "none")
     assert worker_config(worker_parser().parse_args([])).quantization == "none"
+
+
+@pytest.mark.parametrize("command", ["serve", "scheduler"])
+def test_cpu_decode_reaches_the_workers_and_their_argv(command, monkeypatch):
+    from worker_svc.server.options import build_parser as worker_parser
+    from worker_svc.server.options import worker_config
+
+    default = _scheduler_config(build_parser().parse_args([command])).worker_config()
+    assert default.cpu_decode == "native"
+    worker = _scheduler_config(build_parser().parse_args(
+        [command, "--cpu-decode", "torch"])).worker_config()
+    argv = worker.to_argv()
+    assert argv[argv.index("--cpu-decode") + 1] == "torch"
+    assert worker_config(worker_parser().parse_args(argv)).cpu_decode == "torch"
+    monkeypatch.setenv("BATCHWIRE_CPU_DECODE", "torch")
+    assert worker_config(worker_parser().parse_args([])).cpu_decode == "torch"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "--cpu-decode", "fast"])

@@ -132,15 +132,25 @@ def test_int4_packing_holds_the_codes_and_the_weight():
 
 def test_the_library_is_built_once_per_source_and_not_without_a_compiler(
         tmp_path, monkeypatch, caplog):
-    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BATCHWIRE_CACHE_DIR", str(tmp_path / "cache"))
     assert library.load() is not None
     built = list((tmp_path / "cache" / "native").glob("decode-*.so"))
     assert len(built) == 1
     mtime = built[0].stat().st_mtime_ns
     assert library.load() is not None
     assert built[0].stat().st_mtime_ns == mtime  # found, not built again
-    monkeypatch.setenv("BATCHWIRE_NATIVE_CACHE", str(tmp_path / "other"))
+    monkeypatch.setenv("BATCHWIRE_CACHE_DIR", str(tmp_path / "other"))
     monkeypatch.setenv("CC", "false")  # a compiler that fails
     with caplog.at_level(logging.WARNING, logger="worker_svc.native.library"):
         assert library.load() is None
     assert "native CPU decode off: false failed to build decode.c" in caplog.text
+
+
+def test_float_weights_keep_the_torch_path(default_worker, caplog):
+    """The float32 reference serves de-quantised weights: nothing stored quantized, no native
+    step (the loader builds none, and says why)."""
+    assert "native" not in default_worker.get_info().weights
+    with caplog.at_level(logging.INFO, logger="worker_svc.native.decoder"):
+        assert NativeDecoder.build(default_worker.model, {}, 1024) is None
+    assert "native CPU decode off: layers.0.self_attn.qkv_proj.weight is not stored quantized" \
+        in caplog.text

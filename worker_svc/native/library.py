@@ -2,7 +2,7 @@
 
 The library is built at first use rather than shipped: `-march=native` makes it fit the CPU it
 runs on (AVX-512 where there is AVX-512, AVX2 elsewhere), and a C file builds in under a second.
-It goes into a cache folder keyed by the source, the flags and the CPU's feature flags; a
+It goes into batchwire's cache folder (~/.cache/batchwire/native), keyed by the source, the flags and the CPU's feature flags; a
 worker that finds it there only loads it. It links OpenMP by the soname torch's own libgomp
 already holds in the process, so the two share one runtime and one set of threads.
 """
@@ -18,6 +18,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+
+from batchwire.common.model_files import cache_root
 
 logger = logging.getLogger(__name__)
 
@@ -49,9 +51,16 @@ class Model(ctypes.Structure):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("BATCHWIRE_NATIVE_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "batchwire")
-    return Path(root) / "native"
+    """batchwire's cache folder (common/model_files.cache_root), or a fresh temporary one where
+    that cannot be written (each start then builds its own)."""
+    folder = Path(cache_root()) / "native"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    return Path(tempfile.mkdtemp(prefix="batchwire-native-"))
 
 
 def _cpu_flags() -> str:
@@ -75,7 +84,6 @@ def load() -> ctypes.CDLL | None:
                          compiler.encode()).hexdigest()[:16]
     target = cache_dir() / f"decode-{key}.so"
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
         # Built beside the target and renamed into place: workers starting together never load
         # a half-written file.
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
