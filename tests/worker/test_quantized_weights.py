@@ -13,7 +13,7 @@ from tests.worker.conftest import tiny_worker
 from tests.worker.step_driver import StepDriver, greedy
 from worker_svc.loaders.gguf_file import GgufFile
 from worker_svc.models.packed_linear import packing_available
-from worker_svc.native.decoder import pack_int4
+from worker_svc.native.decoder import pack_int4, pack_int8
 from worker_svc.quant.blocks import from_gguf_blocks, quantize_int4, quantize_int8_rows
 from worker_svc.quant.linear import QuantLinear, int4_matmul, int4_pack
 
@@ -53,8 +53,8 @@ def test_q4_1_tensors_unpacked_from_the_int4_packing_equal_gguf_dequantize(defau
 
 
 def test_the_native_steps_form_of_q4_1_and_q8_0_equals_gguf_dequantize(default_model_file):
-    """The native decode step (worker_svc/native) computes with w = q * scale + bias, float32
-    scale and bias per group, for Q4_1; with q * scale for Q8_0: the file's values exactly."""
+    """The native decode step (worker_svc/native) computes with w = q * scale + bias, unsigned
+    codes and float32 scale and bias per group: the file's Q4_1 and Q8_0 values exactly."""
     for data, expected in file_tensors(default_model_file, Q.Q4_1, 3):
         weight = from_gguf_blocks(data, Q.Q4_1)
         packed, scale, bias = pack_int4(weight)
@@ -65,8 +65,9 @@ def test_the_native_steps_form_of_q4_1_and_q8_0_equals_gguf_dequantize(default_m
         assert torch.equal(values, torch.from_numpy(expected))
     for data, expected in file_tensors(default_model_file, Q.Q8_0, 1):
         weight = from_gguf_blocks(data, Q.Q8_0)
+        codes, scale, bias = pack_int8(weight)
         n, k = weight.shape
-        values = weight.codes.float().reshape(n, k // 32, 32) * weight.scale[..., None]
+        values = codes.float().reshape(n, k // 32, 32) * scale[..., None] + bias[..., None]
         assert torch.equal(values.reshape(n, k), torch.from_numpy(expected))
 
 

@@ -8,11 +8,13 @@
  * file with the machine's C compiler; the torch path stays the reference
  * (tests/worker/test_native_decode.py).
  *
- * Weights: w[n, k] = q * scale[n, g] + bias[n, g], g = k / 32 (4-bit: q in 0..15 packed two per
- * byte, byte j of a group holding element j in its low nibble and j + 16 in its high one, as
- * GGUF's Q4_0 / Q4_1 blocks); 8-bit: w = q * scale[n, g], q signed (GGUF's Q8_0).
+ * Weights: w[n, k] = q * scale[n, g] + bias[n, g], g = k / 32, q unsigned (widening unsigned bytes
+ * to floats takes fewer instructions than signed ones): 4-bit q in 0..15 packed two per byte,
+ * byte j of a group holding element j in its low nibble and j + 16 in its high one, as GGUF's
+ * Q4_0 / Q4_1 blocks; 8-bit q = GGUF's Q8_0 code + 128, whose bias, -128 * scale, is not stored.
  */
 #include <math.h>
+#include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
@@ -21,27 +23,25 @@
 
 typedef float f32x16 __attribute__((vector_size(64)));
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
-typedef int8_t i8x16 __attribute__((vector_size(16)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
-/* Bytes to floats in two steps (widen, then convert): what the CPU does in two instructions;
- * a direct byte-to-float conversion is split into scalar code by some compilers. */
+/* 16 unsigned bytes to floats: widen, then convert. With AVX-512 the two instructions are
+ * spelled out: compilers split some vector-extension forms of it into scalar code. */
 static inline f32x16 u8_to_f32(u8x16 b) {
+#ifdef __AVX512F__
+    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)b));
+    f32x16 out; memcpy(&out, &f, 64); return out;
+#else
     return __builtin_convertvector(__builtin_convertvector(b, i32x16), f32x16);
-}
-static inline f32x16 i8_to_f32(i8x16 b) {  /* signed bytes widened as unsigned, then re-centred:
-                                             * the signed widening is split into scalar code */
-    u8x16 u; memcpy(&u, &b, 16);
-    u ^= 0x80;
-    return __builtin_convertvector(__builtin_convertvector(u, i32x16) - 128, f32x16);
+#endif
 }
 
 typedef struct {
     int32_t bits;        /* 4 or 8 */
     int32_t n, k;        /* out, in features */
-    const uint8_t *q;    /* 4-bit: [n, k / 2]; 8-bit: [n, k] int8 */
+    const uint8_t *q;    /* 4-bit: [n, k / 2]; 8-bit: [n, k] */
     const float *scale;  /* [n, k / 32] */
     const float *bias;   /* [n, k / 32]; 4-bit only */
 } qmat;
@@ -86,53 +86,58 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even, as torch's 
     return (uint16_t)(u >> 16);
 }
 
-/* y[r, n] = sum_k w[n, k] x[r, k] for rows r < rows: each thread a slice of n, reading each
- * weight once for all rows. xsum[r, g]: the sum of x[r] over group g (the bias term's factor). */
 #define MAX_ROWS 8
 #define TILE 4  /* output features per pass at one row: four independent sums in flight */
 
-static float bias_dot(const float *bias, const float *xsum, int groups) {
+/* The bias term of row n: sum_g bias[n, g] * xsum[g]. 8-bit weights store no bias: theirs is
+ * -128 * scale, derived here rather than read (a ninth of the LM head's bytes). */
+static float bias_dot(const qmat *w, int64_t n, const float *xsum) {
+    const int groups = w->k / GROUP;
+    const float *b = w->bits == 4 ? w->bias + n * groups : w->scale + n * groups;
     float s = 0.f;
-    for (int g = 0; g < groups; g++) s += bias[g] * xsum[g];
-    return s;
+    for (int g = 0; g < groups; g++) s += b[g] * xsum[g];
+    return w->bits == 4 ? s : -128.f * s;
 }
 
-/* One row of x: TILE output features at a time, each weight group unpacked once. */
+/* Group g of row n as 32 floats (lo: elements 0-15, hi: 16-31), before scale and bias. */
+static inline void unpack(const qmat *w, int64_t n, int g, f32x16 *lo, f32x16 *hi) {
+    if (w->bits == 4) {
+        u8x16 b; memcpy(&b, w->q + n * (w->k / 2) + g * 16, 16);
+        *lo = u8_to_f32(b & 15);
+        *hi = u8_to_f32(b >> 4);
+    } else {
+        u8x16 a, b;
+        memcpy(&a, w->q + n * w->k + g * GROUP, 16);
+        memcpy(&b, w->q + n * w->k + g * GROUP + 16, 16);
+        *lo = u8_to_f32(a);
+        *hi = u8_to_f32(b);
+    }
+}
+
+/* One row of x: TILE output features at a time, so that TILE sums are in flight. */
 static void matvec_row(const qmat *w, const float *x, const float *xsum, float *y) {
     const int groups = w->k / GROUP, tiles = w->n / TILE;
     #pragma omp for schedule(static)
     for (int tile = 0; tile < tiles; tile++) {
         const int n0 = tile * TILE;
         f32x16 acc[TILE] = {{0}};
-        if (w->bits == 4) {
-            for (int g = 0; g < groups; g++) {
-                const f32x16 xl = load16(x + g * GROUP), xh = load16(x + g * GROUP + 16);
-                for (int t = 0; t < TILE; t++) {
-                    const int64_t n = n0 + t;
-                    u8x16 b; memcpy(&b, w->q + n * (w->k / 2) + g * 16, 16);
-                    const f32x16 part = u8_to_f32(b & 15) * xl + u8_to_f32(b >> 4) * xh;
-                    acc[t] += part * w->scale[n * groups + g];
-                }
-            }
-        } else {
-            for (int g = 0; g < groups; g++) {
-                const f32x16 xl = load16(x + g * GROUP), xh = load16(x + g * GROUP + 16);
-                for (int t = 0; t < TILE; t++) {
-                    const int64_t n = n0 + t;
-                    i8x16 a, b;
-                    memcpy(&a, w->q + n * w->k + g * GROUP, 16);
-                    memcpy(&b, w->q + n * w->k + g * GROUP + 16, 16);
-                    acc[t] += (i8_to_f32(a) * xl + i8_to_f32(b) * xh) * w->scale[n * groups + g];
-                }
+        for (int g = 0; g < groups; g++) {
+            const f32x16 xl = load16(x + g * GROUP), xh = load16(x + g * GROUP + 16);
+            for (int t = 0; t < TILE; t++) {
+                f32x16 lo, hi;
+                unpack(w, n0 + t, g, &lo, &hi);
+                acc[t] += (lo * xl + hi * xh) * w->scale[(int64_t)(n0 + t) * groups + g];
             }
         }
         for (int t = 0; t < TILE; t++) {
             const int64_t n = n0 + t;
-            y[n] = hsum(acc[t]) + (w->bits == 4 ? bias_dot(w->bias + n * groups, xsum, groups) : 0.f);
+            y[n] = hsum(acc[t]) + bias_dot(w, n, xsum);
         }
     }
 }
 
+/* y[r, n] = sum_k w[n, k] x[r, k] for rows r < rows: each thread a slice of n, reading each
+ * weight once for all rows. xsum[r, g]: the sum of x[r] over group g (the bias term's factor). */
 static void matvec(const qmat *w, int rows, const float *x, const float *xsum, float *y) {
     const int groups = w->k / GROUP;
     if (rows == 1 && w->n % TILE == 0) {
@@ -142,39 +147,22 @@ static void matvec(const qmat *w, int rows, const float *x, const float *xsum, f
     #pragma omp for schedule(static)
     for (int n = 0; n < w->n; n++) {
         f32x16 acc[MAX_ROWS];
-        float bias_acc[MAX_ROWS];
-        for (int r = 0; r < rows; r++) { acc[r] = (f32x16){0}; bias_acc[r] = 0.f; }
+        for (int r = 0; r < rows; r++) acc[r] = (f32x16){0};
         const float *sc = w->scale + (int64_t)n * groups;
-        if (w->bits == 4) {
-            const uint8_t *q = w->q + (int64_t)n * (w->k / 2);
-            const float *bi = w->bias + (int64_t)n * groups;
-            for (int g = 0; g < groups; g++) {
-                u8x16 b; memcpy(&b, q + g * 16, 16);
-                f32x16 lo = u8_to_f32(b & 15);
-                f32x16 hi = u8_to_f32(b >> 4);
-                for (int r = 0; r < rows; r++) {
-                    const float *xr = x + (int64_t)r * w->k + g * GROUP;
-                    acc[r] += (lo * load16(xr) + hi * load16(xr + 16)) * sc[g];
-                    bias_acc[r] += bi[g] * xsum[(int64_t)r * groups + g];
-                }
-            }
-        } else {
-            const int8_t *q = (const int8_t *)w->q + (int64_t)n * w->k;
-            for (int g = 0; g < groups; g++) {
-                i8x16 a, b; memcpy(&a, q + g * GROUP, 16); memcpy(&b, q + g * GROUP + 16, 16);
-                f32x16 lo = i8_to_f32(a);
-                f32x16 hi = i8_to_f32(b);
-                for (int r = 0; r < rows; r++) {
-                    const float *xr = x + (int64_t)r * w->k + g * GROUP;
-                    acc[r] += (lo * load16(xr) + hi * load16(xr + 16)) * sc[g];
-                }
+        for (int g = 0; g < groups; g++) {
+            f32x16 lo, hi;
+            unpack(w, n, g, &lo, &hi);
+            for (int r = 0; r < rows; r++) {
+                const float *xr = x + (int64_t)r * w->k + g * GROUP;
+                acc[r] += (lo * load16(xr) + hi * load16(xr + 16)) * sc[g];
             }
         }
-        for (int r = 0; r < rows; r++) y[(int64_t)r * w->n + n] = hsum(acc[r]) + bias_acc[r];
+        for (int r = 0; r < rows; r++)
+            y[(int64_t)r * w->n + n] = hsum(acc[r]) + bias_dot(w, n, xsum + (int64_t)r * groups);
     }
 }
 
-/* Group sums of x [rows, k], for the 4-bit bias term. Called by one thread. */
+/* Group sums of x [rows, k], for the bias term. Called by one thread. */
 static void group_sums(int rows, int k, const float *x, float *xsum) {
     for (int r = 0; r < rows; r++)
         for (int g = 0; g < k / GROUP; g++) {
@@ -365,7 +353,7 @@ int bw_lm_head(const model_t *m, int rows, const float *h, float *logits, float 
     #pragma omp parallel num_threads(threads)
     {
         #pragma omp single
-        if (m->lm_head.bits == 4) group_sums(rows, m->hidden, h, scratch);
+        group_sums(rows, m->hidden, h, scratch);
         matvec(&m->lm_head, rows, h, scratch, logits);
     }
     return 0;
