@@ -179,6 +179,14 @@ static void rms_norm(int n, const float *x, const float *weight, float eps, floa
     for (int i = 0; i < n; i++) out[i] = x[i] * inv * weight[i];
 }
 
+/* out = rms_norm(x) * weight for each row, and out's group sums (the next matvec's input). */
+static void norm_rows(int rows, int n, const float *x, const float *weight, float eps, float *out,
+                      float *xsum) {
+    for (int r = 0; r < rows; r++)
+        rms_norm(n, x + (int64_t)r * n, weight, eps, out + (int64_t)r * n);
+    group_sums(rows, n, out, xsum);
+}
+
 /* Neox-style rotary on one head in place: halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin). */
 static void rotate(float *x, const float *cos_sin, int head_dim) {
     const int half = head_dim / 2;
@@ -285,11 +293,7 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
         for (int li = 0; li < m->num_layers; li++) {
             const layer_t *l = &m->layers[li];
             #pragma omp single
-            {
-                for (int r = 0; r < rows; r++)
-                    rms_norm(H, resid + (int64_t)r * H, l->input_norm, m->eps, h + (int64_t)r * H);
-                group_sums(rows, H, h, xsum);
-            }
+            norm_rows(rows, H, resid, l->input_norm, m->eps, h, xsum);
             matvec(&l->qkv, rows, h, xsum, wide);
             #pragma omp single
             for (int r = 0; r < rows; r++) {
@@ -319,9 +323,7 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
             #pragma omp single
             {
                 for (int64_t i = 0; i < (int64_t)rows * H; i++) resid[i] += tmp[i];
-                for (int r = 0; r < rows; r++)
-                    rms_norm(H, resid + (int64_t)r * H, l->post_norm, m->eps, h + (int64_t)r * H);
-                group_sums(rows, H, h, xsum);
+                norm_rows(rows, H, resid, l->post_norm, m->eps, h, xsum);
             }
             matvec(&l->gate_up, rows, h, xsum, wide);
             #pragma omp single
