@@ -32,6 +32,7 @@ WORKER_LAYERS = {
     "batch": 2,  # the persistent batch, block table, host staging, the step's checks
     "quant": 2,  # quantized weights: GGUF codes and scales, int4 / int8 linear layers
     "loaders": 3,  # weights from GGUF or safetensors into a model
+    "native": 3,  # the native CPU decode step (C), built from a model and its stored weights
     "spec_decode": 3,  # a verifying step's layout, rejection sampling, its reply
     "pooling": 3,  # embeddings from final hidden states
     "batch_invariant": 3,  # fixed-shape linears and attention for --batch-invariant

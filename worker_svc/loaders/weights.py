@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -12,7 +12,6 @@ from worker_svc.loaders import gguf_file, hf_checkpoint
 from worker_svc.model_config import ModelConfig
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.models.packed_linear import pack_linears, packing_available
-from worker_svc.native.decoder import NativeDecoder
 from worker_svc.parallel.pipeline import PipelineStage
 from worker_svc.parallel.tensor_parallel import TensorParallel
 from worker_svc.quant import serve as quant_serve
@@ -42,13 +41,14 @@ def load_model(
     tp: TensorParallel | None = None,
     pp: tuple[int, int] = (0, 1),
     quantization: str = "none",
-    cpu_decode: str = "torch",
+    before_cast: Callable[[LlamaForCausalLM, dict[str, QuantizedWeight]], None] | None = None,
 ) -> tuple[LlamaForCausalLM, str]:
     """This rank's part of the model: the layers of its pipeline stage `pp` = (pp_rank, pp_size),
     each weight's tensor-parallel shard (all of it without tensor parallelism); and what its
     quantized linear layers serve (quant_serve.describe; "" for none). quantization: the
     resolved mode ("none", "native", "int4", "int8"; WorkerConfig.served_quantization).
-    cpu_decode "native": decode steps run the native C step where it serves (worker_svc/native)."""
+    before_cast(model, stored) sees the model still in float32 (its norms as the file stores
+    them) with the quantized weights as they are stored: where the native decode step is built."""
     if path.endswith(".gguf"):
         reader = gguf_file.GgufFile.open(path)
         cfg = gguf_file.read_config(reader)
@@ -68,22 +68,16 @@ def load_model(
     model.tie_weights()
     model.init_rotary(device)
     stored = load_weights(model, tensors)
-    # Built from the float32 parameters, before the cast: the norms as the file stores them.
-    native = (NativeDecoder.build(model, stored, max_position)
-              if cpu_decode == "native" and quantization == "native" and stage.is_first
-              and stage.is_last else None)
+    if before_cast is not None:
+        before_cast(model, stored)
     model = model.to(dtype).eval().requires_grad_(False)
-    model.native = native
     served: Counter[str] = Counter()
     packs = packing_available(dtype, device)
     if quantization != "none":
         served = quant_serve.install(model, quantization, stored, dtype, packs)
     if packs:
         pack_linears(model)
-    description = quant_serve.describe(served, str(dtype).removeprefix("torch."))
-    if native is not None:
-        description += f"; {native.describe()}"
-    return model, description
+    return model, quant_serve.describe(served, str(dtype).removeprefix("torch."))
 
 
 def load_weights(

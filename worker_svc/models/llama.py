@@ -9,7 +9,7 @@ first stage, the final norm and the LM head on the last.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
@@ -21,8 +21,6 @@ from worker_svc.models.forward_context import get_attention_metadata, get_lora_m
 from worker_svc.models.lora_linear import LoRAStack
 from worker_svc.models.rotary import cos_sin_cache
 from worker_svc.models.step_ops import StepTables, rms_norm
-from worker_svc.native.decoder import MAX_ROWS as MAX_NATIVE_ROWS
-from worker_svc.native.decoder import NativeDecoder
 from worker_svc.parallel.pipeline import IntermediateTensors, PipelineStage
 from worker_svc.parallel.tensor_parallel import ShardPlan, TensorParallel
 
@@ -30,6 +28,18 @@ from worker_svc.parallel.tensor_parallel import ShardPlan, TensorParallel
 AttendFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, kernels.AttentionMetadata, float], torch.Tensor
 ]
+
+
+class DecodeStep(Protocol):
+    """A whole decode step in one call (worker_svc/native/decoder.py's NativeDecoder): every
+    layer of up to max_rows decode rows, and the LM head of up to max_rows rows."""
+
+    max_rows: int
+
+    def decode(self, embedded: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
+               seq_lens: torch.Tensor) -> torch.Tensor: ...
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
 
 def with_lora(stack: LoRAStack | None, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -183,9 +193,9 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         self.max_position = max_position
         self.cos_sin = torch.empty(0)  # filled by init_rotary(), once the weights have a device
-        # The native CPU decode step (worker_svc/native), set by the loader where it serves:
+        # The native CPU decode step (worker_svc/native), set by the Worker where it serves:
         # steps of decode rows only run there, in one call; the rest runs below.
-        self.native: NativeDecoder | None = None
+        self.native: DecodeStep | None = None
 
     def tie_weights(self) -> None:
         """Shares the embedding with the LM head when the checkpoint ties them.
@@ -239,7 +249,8 @@ class LlamaForCausalLM(nn.Module):
         A later stage starts from the previous stage's `intermediate` instead of the tokens; a
         stage before the last returns its stream, un-normalised, for the next one.
         """
-        if self.native is not None and intermediate is None and self._native_serves(input_ids):
+        if intermediate is None and self._native_serves(input_ids):
+            assert self.native is not None
             metadata = get_attention_metadata()
             rows = metadata.num_reqs
             return self.native.decode(self._embed(input_ids), positions,
@@ -261,9 +272,11 @@ class LlamaForCausalLM(nn.Module):
     def _native_serves(self, input_ids: torch.Tensor) -> bool:
         """Whether this step is decode rows only (one token per request, no adapter), few
         enough for one native call."""
+        if self.native is None:
+            return False
         metadata = get_attention_metadata()
         return (metadata.max_query_len == 1 and input_ids.shape[0] == metadata.num_reqs
-                <= MAX_NATIVE_ROWS and get_lora_mask() is None)
+                <= self.native.max_rows and get_lora_mask() is None)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         assert self.embed_tokens is not None, "only the first stage embeds tokens"
@@ -281,7 +294,7 @@ class LlamaForCausalLM(nn.Module):
         Every rank then samples the same tokens from the same logits, so ranks stay in step.
         """
         assert self.lm_head is not None, "only the last stage computes logits"
-        if self.native is not None and hidden.shape[0] <= MAX_NATIVE_ROWS:
+        if self.native is not None and hidden.shape[0] <= self.native.max_rows:
             return self.native.logits(hidden)  # the stored head (Q8_0 as it is), float32
         logits = self.lm_head(hidden).float()
         return self.tp.all_gather_last_dim(logits, self.plan.vocab_sizes)

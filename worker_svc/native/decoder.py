@@ -1,26 +1,24 @@
 """The native CPU decode step: a loaded model's decode rows in one call into decode.c.
 
 `NativeDecoder.build` takes the model while its parameters are still float32 (the norms as the
-file stores them) and the quantized weights as the loader read them, and lays them out for the
-C step: 4-bit codes two per byte with float32 scales and biases per group of 32, 8-bit codes
-with float32 scales (GGUF's Q4_0, Q4_1 and Q8_0 without loss: their fp16 scales are exact in
-float32). The model's forward hands it steps whose every row is one decode token
-(`serves`); prefill, drafts, LoRA and the rest stay on the torch path.
+file stores them) and the quantized weights as the loader read them (the Worker asks for it
+through load_model's before_cast), and lays them out for the C step: 4-bit codes two per byte
+with float32 scales and biases per group of 32, 8-bit codes moved to unsigned bytes with float32
+scales (GGUF's Q4_0, Q4_1 and Q8_0 without loss: their fp16 scales are exact in float32). The
+model's forward hands it steps whose every row is one decode token (`_native_serves` in
+models/llama.py); prefill, drafts, LoRA and the rest stay on the torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 
+from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.native import library
 from worker_svc.quant.blocks import GROUP, INT4_OFFSET, QuantizedWeight
-
-if TYPE_CHECKING:  # the model imports this module
-    from worker_svc.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +56,10 @@ def why_not(stored: dict[str, QuantizedWeight], names: list[str]) -> str | None:
 
 
 class NativeDecoder:
+    """The model's DecodeStep (models/llama.py) on CPU."""
+
+    max_rows = MAX_ROWS
+
     def __init__(self, lib: ctypes.CDLL, model: LlamaForCausalLM,
                  stored: dict[str, QuantizedWeight], max_model_len: int) -> None:
         self.lib = lib

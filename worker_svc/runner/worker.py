@@ -13,7 +13,9 @@ from batchwire.v1 import worker_pb2
 from worker_svc.batch_invariant import enable as enable_batch_invariant
 from worker_svc.loaders.weights import load_model
 from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.native.decoder import NativeDecoder
 from worker_svc.parallel.tensor_parallel import init_distributed, leave_distributed_group
+from worker_svc.quant.blocks import QuantizedWeight
 from worker_svc.runner.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,13 @@ class Worker:
             config.distributed_init_method,
             config.device,
         )
+        def build_native(model: LlamaForCausalLM, stored: dict[str, QuantizedWeight]) -> None:
+            # A plain attribute: the cast to the serving dtype that follows leaves it alone.
+            model.native = NativeDecoder.build(model, stored, config.max_model_len)
+
+        # The native decode step serves a whole model's quantized weights, unsharded.
+        serves_native = (config.cpu_decode == "native" and config.served_quantization == "native"
+                         and config.pipeline_parallel_size == 1)
         self.model, served = load_model(
             self.model_path,
             getattr(torch, config.dtype),
@@ -66,8 +75,10 @@ class Worker:
             self.tp,
             (config.pp_rank, config.pipeline_parallel_size),
             config.served_quantization,
-            config.cpu_decode,
+            build_native if serves_native else None,
         )
+        if self.model.native is not None:
+            served += f"; {NativeDecoder.describe()}"
         self.weights = describe_weights(self.model_path, config.dtype, served)
         if config.batch_invariant:
             enable_batch_invariant(self.model)
