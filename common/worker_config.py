@@ -19,7 +19,8 @@ POOLING_TYPES = ("last", "mean", "cls")
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # How a CPU worker runs steps of decode rows: "native" = up to 8 rows in one call into a compiled
 # C step (worker_svc/native) where the linear weights are served quantized (as stored), falling
-# back to torch where it cannot (no C compiler, float weights, a sharded model); "torch" = every
+# back to torch where it cannot or would be slower (no C compiler, no AVX-512, float weights, a
+# sharded model); "torch" = every
 # step on the torch path (the reference).
 CPU_DECODES = ("native", "torch")
 

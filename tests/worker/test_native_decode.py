@@ -46,9 +46,10 @@ def float32_native(default_worker):
     fresh = fresh.to_empty(device="cpu")
     fresh.tie_weights()
     stored = load_weights(fresh, gguf_file.iter_tensors(reader, cfg, keep_quantized=True))
-    native = NativeDecoder.build(model, stored, model.max_position)
+    # Built on every CPU (its arithmetic is the same with AVX2 only, just slower there).
+    native = NativeDecoder.build(model, stored, model.max_position, where_faster=False)
     assert native is not None
-    yield default_worker, native
+    yield default_worker, native, stored
     model.native = None
 
 
@@ -78,7 +79,7 @@ def step_logits(model, ids: list[int], positions: list[int], metadata) -> torch.
 @pytest.mark.parametrize("rows", [1, 3])
 def test_native_steps_give_the_torch_paths_logits_in_float32(float32_native, default_tokenizer,
                                                              rows):
-    worker, native = float32_native
+    worker, native, _ = float32_native
     model, block = worker.model, worker.config.block_size
     texts = [default_tokenizer(p).input_ids for p in PROMPTS[:rows]]
     steps = min(len(t) for t in texts)
@@ -101,7 +102,7 @@ def test_native_steps_give_the_torch_paths_logits_in_float32(float32_native, def
 
 
 def test_prefill_and_multi_token_steps_stay_on_the_torch_path(float32_native, monkeypatch):
-    worker, native = float32_native
+    worker, native, _ = float32_native
     model = worker.model
     model.native = native
     calls = []
@@ -144,6 +145,16 @@ def test_the_library_is_built_once_per_source_and_not_without_a_compiler(
     with caplog.at_level(logging.WARNING, logger="worker_svc.native.library"):
         assert library.load() is None
     assert "native CPU decode off: false failed to build decode.c" in caplog.text
+
+
+def test_without_avx512_the_torch_path_serves(float32_native, monkeypatch, caplog):
+    """Built for AVX2 only, the native step measured slower than the torch path: it is not
+    built there unless asked (where_faster=False, as the tests here do)."""
+    worker, _, stored = float32_native
+    monkeypatch.setattr(library, "has_avx512", lambda: False)
+    with caplog.at_level(logging.INFO, logger="worker_svc.native.decoder"):
+        assert NativeDecoder.build(worker.model, stored, 1024) is None
+    assert "native CPU decode off: this CPU has no AVX-512" in caplog.text
 
 
 def test_float_weights_keep_the_torch_path(default_worker, caplog):

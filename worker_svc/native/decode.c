@@ -14,10 +14,13 @@
  * Q4_0 / Q4_1 blocks; 8-bit q = GGUF's Q8_0 code + 128, whose bias, -128 * scale, is not stored.
  */
 #include <math.h>
-#include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #define GROUP 32
 
@@ -27,12 +30,16 @@ typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
 typedef int32_t i32x16 __attribute__((vector_size(64)));
 
-/* 16 unsigned bytes to floats: widen, then convert. With AVX-512 the two instructions are
+/* 16 unsigned bytes to floats: widen, then convert. With AVX-512 or AVX2 the instructions are
  * spelled out: compilers split some vector-extension forms of it into scalar code. */
 static inline f32x16 u8_to_f32(u8x16 b) {
-#ifdef __AVX512F__
+#if defined(__AVX512F__)
     __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)b));
     f32x16 out; memcpy(&out, &f, 64); return out;
+#elif defined(__AVX2__)
+    __m256 halves[2] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32((__m128i)b)),
+                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)b, 8)))};
+    f32x16 out; memcpy(&out, halves, 64); return out;
 #else
     return __builtin_convertvector(__builtin_convertvector(b, i32x16), f32x16);
 #endif

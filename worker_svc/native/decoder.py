@@ -23,6 +23,7 @@ from worker_svc.quant.blocks import GROUP, INT4_OFFSET, QuantizedWeight
 logger = logging.getLogger(__name__)
 
 MAX_ROWS = 8  # decode.c's MAX_ROWS: the most decode rows one call takes
+MAX_THREADS = 16  # the OpenMP team's largest size: the scratch holds attention scores per thread
 
 
 def pack_int4(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -89,14 +90,14 @@ class NativeDecoder:
             final_norm=self._floats(model.norm.weight) if model.norm is not None else None,
             lm_head=self._qmat(stored["lm_head.weight"]))
         self._cache_ptr = 0
-        threads = torch.get_num_threads()
-        self._scratch = torch.empty(lib.bw_scratch_floats(self.model, MAX_ROWS, max(threads, 16)))
+        self._scratch = torch.empty(lib.bw_scratch_floats(self.model, MAX_ROWS, MAX_THREADS))
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, stored: dict[str, QuantizedWeight],
-              max_model_len: int) -> NativeDecoder | None:
+              max_model_len: int, where_faster: bool = True) -> NativeDecoder | None:
         """The native step for a whole (unsharded) model whose linear weights are all stored
-        4- or 8-bit; None, with the reason logged, where it cannot serve."""
+        4- or 8-bit; None, with the reason logged, where it cannot serve or (where_faster) where
+        it would be slower than the torch path."""
         cfg = model.config
         names = [f"layers.{i}.{part}.weight" for i in range(cfg.num_layers) for part in (
             "self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")]
@@ -107,6 +108,9 @@ class NativeDecoder:
             reason = f"head_dim {cfg.head_dim} is not a multiple of 16"
         if reason is None and model.cos_sin.shape[1] != cfg.head_dim:
             reason = "rotary covers part of each head only"
+        if reason is None and where_faster and not library.has_avx512():
+            reason = ("this CPU has no AVX-512, where the native step measured slower than the "
+                      "torch path")
         if reason is not None:
             logger.info("native CPU decode off: %s", reason)
             return None
@@ -139,7 +143,8 @@ class NativeDecoder:
         assert first is not None, "KV cache not allocated"
         if first.data_ptr() == self._cache_ptr:
             return
-        num_blocks, block_size, num_kv_heads, head_dim = first.shape
+        assert first.dtype in (torch.bfloat16, torch.float32), f"a {first.dtype} KV cache"
+        num_blocks, block_size = first.shape[:2]
         for i, attn in enumerate(self.attention):
             k_cache, v_cache = attn.k_cache, attn.v_cache
             assert k_cache is not None and v_cache is not None, "KV cache not allocated"
@@ -150,7 +155,6 @@ class NativeDecoder:
             self.layers[i].v_cache = v_cache.data_ptr()
         self.model.block_size, self.model.num_blocks = block_size, num_blocks
         self.model.cache_bf16 = int(first.dtype == torch.bfloat16)
-        assert first.dtype in (torch.bfloat16, torch.float32)
         self._cache_ptr = first.data_ptr()
 
     def decode(self, embedded: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
@@ -162,10 +166,12 @@ class NativeDecoder:
         x = embedded.float().contiguous()
         if x.data_ptr() == embedded.data_ptr():
             x = x.clone()  # the step writes its result into x
-        positions, seq_lens = positions.contiguous(), seq_lens.contiguous()
-        block_table = block_table.contiguous()
+        # The C step reads them as int64, int32 and int32 arrays.
+        positions = positions.to(torch.int64).contiguous()
+        block_table = block_table.to(torch.int32).contiguous()
+        seq_lens = seq_lens.to(torch.int32).contiguous()
         rows = x.shape[0]
-        threads = min(torch.get_num_threads(), 16)
+        threads = min(torch.get_num_threads(), MAX_THREADS)
         code = self.lib.bw_decode(
             self.model, rows, x.data_ptr(), positions.data_ptr(), block_table.data_ptr(),
             block_table.shape[1], seq_lens.data_ptr(), self._scratch.data_ptr(), threads)
@@ -179,7 +185,7 @@ class NativeDecoder:
         hidden = hidden.float().contiguous()
         rows = hidden.shape[0]
         out = torch.empty(rows, self.model.lm_head.n)
-        threads = min(torch.get_num_threads(), 16)
+        threads = min(torch.get_num_threads(), MAX_THREADS)
         for start in range(0, rows, MAX_ROWS):
             part = hidden[start:start + MAX_ROWS]
             self.lib.bw_lm_head(self.model, part.shape[0], part.data_ptr(),

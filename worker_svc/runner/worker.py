@@ -60,6 +60,7 @@ class Worker:
             config.distributed_init_method,
             config.device,
         )
+
         def build_native(model: LlamaForCausalLM, stored: dict[str, QuantizedWeight]) -> None:
             # A plain attribute: the cast to the serving dtype that follows leaves it alone.
             model.native = NativeDecoder.build(model, stored, config.max_model_len)
