@@ -20,8 +20,7 @@ QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # How a CPU worker runs steps of decode rows: "native" = up to 8 rows in one call into a compiled
 # C step (worker_svc/native) where the linear weights are served quantized (as stored), falling
 # back to torch where it cannot or would be slower (no C compiler, no AVX-512, float weights, a
-# sharded model); "torch" = every
-# step on the torch path (the reference).
+# sharded model); "torch" = every step on the torch path (the reference).
 CPU_DECODES = ("native", "torch")
 
 
