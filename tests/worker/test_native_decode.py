@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 import torch
 from batchwire.kernels import AttentionMetadata
+from batchwire.v1 import worker_pb2 as pb
 
+from tests.worker.step_driver import greedy
+from worker_svc.batch.validation import InvalidStepError
 from worker_svc.loaders import gguf_file
 from worker_svc.loaders.weights import load_weights
 from worker_svc.models.forward_context import set_forward_context
@@ -165,3 +168,54 @@ def test_float_weights_keep_the_torch_path(default_worker, caplog):
         assert NativeDecoder.build(default_worker.model, {}, 1024) is None
     assert "native CPU decode off: layers.0.self_attn.qkv_proj.weight is not stored quantized" \
         in caplog.text
+
+
+def runner_step(runner, new=(), cached=(), finished=()):
+    """One ExecuteModel + SampleTokens; cached: (req_id, new_blocks, computed) decode rows."""
+    so = pb.SchedulerOutput(finished_req_ids=list(finished))
+    so.scheduled_new_reqs.extend(new)
+    for req_id, blocks, computed in cached:
+        so.scheduled_cached_reqs.req_ids.append(req_id)
+        so.scheduled_cached_reqs.new_block_ids.add().ids.extend(blocks)
+        so.scheduled_cached_reqs.num_computed_tokens.append(computed)
+        so.scheduled_cached_reqs.num_scheduled_tokens.append(1)
+    so.total_num_scheduled_tokens = sum(r.num_scheduled_tokens for r in new) + len(cached)
+    out = runner.execute_model(so)
+    out = out if out is not None else runner.sample_tokens(None)
+    return dict(zip(out.req_ids, ([*t.ids] for t in out.sampled_token_ids), strict=True))
+
+
+def test_through_the_runner_a_refused_step_and_a_cancelled_request_leave_the_rest_native(
+        float32_native, monkeypatch):
+    """Two streams decode through ExecuteModel/SampleTokens on the native step; a step the
+    worker refuses reaches neither the batch nor the native call, a stream cancelled mid-way
+    leaves the other decoding natively, and its tokens are the torch path's."""
+    worker, native, _ = float32_native
+    runner, model = worker.runner, worker.model
+    calls = []
+    decode = native.decode
+    monkeypatch.setattr(native, "decode", lambda *a: calls.append(len(a[0])) or decode(*a))
+
+    def run(path, prefix: str, first_block: int) -> list[int]:
+        model.native = path
+        a, b = f"{prefix}a", f"{prefix}b"
+        prompts = {a: list(range(10, 18)), b: list(range(40, 48))}
+        tokens = runner_step(runner, new=[pb.NewRequestData(
+            req_id=r, prompt_token_ids=p, sampling=greedy(), block_ids=[first_block + i],
+            num_computed_tokens=0, num_scheduled_tokens=8) for i, (r, p) in
+            enumerate(prompts.items())])
+        for computed in (8, 9):
+            for r, t in runner_step(runner, cached=[(a, [], computed), (b, [], computed)]).items():
+                tokens[r] += t
+        with pytest.raises(InvalidStepError):  # a block the cache does not have
+            runner_step(runner, cached=[(a, [10**9], 10), (b, [], 10)])
+        for computed in (10, 11):  # b cancelled: a alone goes on
+            tokens[a] += runner_step(runner, cached=[(a, [], computed)],
+                                     finished=[b] if computed == 10 else [])[a]
+        runner_step(runner, finished=[a])
+        return tokens[a]
+
+    native_tokens = run(native, "native-", 1)
+    assert calls == [2, 2, 1, 1]  # the decode steps, and nothing of the refused one
+    assert native_tokens == run(None, "torch-", 3) and len(native_tokens) == 5
+    assert not runner.requests

@@ -53,8 +53,9 @@ def test_q4_1_tensors_unpacked_from_the_int4_packing_equal_gguf_dequantize(defau
 
 
 def test_the_native_steps_form_of_q4_1_and_q8_0_equals_gguf_dequantize(default_model_file):
-    """The native decode step (worker_svc/native) computes with w = q * scale + bias, unsigned
-    codes and float32 scale and bias per group: the file's Q4_1 and Q8_0 values exactly."""
+    """The native decode step (worker_svc/native) computes with unsigned codes and float32
+    scales per group (w = q * scale + bias for Q4_1, (q - 128) * scale for Q8_0): the file's
+    values exactly."""
     for data, expected in file_tensors(default_model_file, Q.Q4_1, 3):
         weight = from_gguf_blocks(data, Q.Q4_1)
         packed, scale, bias = pack_int4(weight)
@@ -65,9 +66,9 @@ def test_the_native_steps_form_of_q4_1_and_q8_0_equals_gguf_dequantize(default_m
         assert torch.equal(values, torch.from_numpy(expected))
     for data, expected in file_tensors(default_model_file, Q.Q8_0, 1):
         weight = from_gguf_blocks(data, Q.Q8_0)
-        codes, scale, bias = pack_int8(weight)
+        codes, scale = pack_int8(weight)
         n, k = weight.shape
-        values = codes.float().reshape(n, k // 32, 32) * scale[..., None] + bias[..., None]
+        values = (codes.float().reshape(n, k // 32, 32) - 128) * scale[..., None]
         assert torch.equal(values.reshape(n, k), torch.from_numpy(expected))
 
 

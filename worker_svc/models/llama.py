@@ -249,12 +249,12 @@ class LlamaForCausalLM(nn.Module):
         A later stage starts from the previous stage's `intermediate` instead of the tokens; a
         stage before the last returns its stream, un-normalised, for the next one.
         """
-        if intermediate is None and self._native_serves(input_ids):
-            assert self.native is not None
+        if self.native is not None and intermediate is None:
             metadata = get_attention_metadata()
-            rows = metadata.num_reqs
-            return self.native.decode(self._embed(input_ids), positions,
-                                      metadata.block_table[:rows], metadata.seq_lens[:rows])
+            if self._native_serves(input_ids, metadata, self.native.max_rows):
+                rows = metadata.num_reqs
+                return self.native.decode(self._embed(input_ids), positions,
+                                          metadata.block_table[:rows], metadata.seq_lens[:rows])
         residual = None
         if intermediate is None:
             x = self._embed(input_ids)
@@ -269,14 +269,13 @@ class LlamaForCausalLM(nn.Module):
         x, _ = self.norm(x, residual)
         return x
 
-    def _native_serves(self, input_ids: torch.Tensor) -> bool:
+    @staticmethod
+    def _native_serves(input_ids: torch.Tensor, metadata: kernels.AttentionMetadata,
+                       max_rows: int) -> bool:
         """Whether this step is decode rows only (one token per request, no adapter), few
         enough for one native call."""
-        if self.native is None:
-            return False
-        metadata = get_attention_metadata()
         return (metadata.max_query_len == 1 and input_ids.shape[0] == metadata.num_reqs
-                <= self.native.max_rows and get_lora_mask() is None)
+                <= max_rows and get_lora_mask() is None)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         assert self.embed_tokens is not None, "only the first stage embeds tokens"

@@ -37,12 +37,12 @@ def pack_int4(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torc
     return packed, scale, bias
 
 
-def pack_int8(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes + 128 as uint8 [N, K], scale [N, G], bias = -128 * scale): w = q * scale + bias,
-    the signed codes moved into unsigned bytes (the C step widens those in fewer steps)."""
+def pack_int8(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes + 128 as uint8 [N, K], scale [N, G]): w = (q - 128) * scale, the signed codes
+    moved into unsigned bytes (the C step widens those in fewer steps; it derives the bias,
+    -128 * scale, rather than reading one)."""
     codes = (weight.codes.to(torch.int16) + 128).to(torch.uint8).contiguous()
-    scale = weight.scale.float().contiguous()
-    return codes, scale, (-128 * scale).contiguous()
+    return codes, weight.scale.float().contiguous()
 
 
 def why_not(stored: dict[str, QuantizedWeight], names: list[str]) -> str | None:
@@ -133,7 +133,7 @@ class NativeDecoder:
             packed, scale, bias = pack_int4(weight)
             self._keep += [packed, scale, bias]
             return library.QMat(4, n, k, packed.data_ptr(), scale.data_ptr(), bias.data_ptr())
-        codes, scale, _ = pack_int8(weight)  # its bias is derived from the scale in the C step
+        codes, scale = pack_int8(weight)
         self._keep += [codes, scale]
         return library.QMat(8, n, k, codes.data_ptr(), scale.data_ptr(), None)
 
