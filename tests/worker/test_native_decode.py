@@ -218,4 +218,5 @@ def test_through_the_runner_a_refused_step_and_a_cancelled_request_leave_the_res
     native_tokens = run(native, "native-", 1)
     assert calls == [2, 2, 1, 1]  # the decode steps, and nothing of the refused one
     assert native_tokens == run(None, "torch-", 3) and len(native_tokens) == 5
-    assert not runner.requests
+    # Both runs' requests have left the runner (the shared worker may hold other tests' ones).
+    assert not [r for r in runner.requests if r.startswith(("native-", "torch-"))]
