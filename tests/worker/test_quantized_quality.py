@@ -139,7 +139,7 @@ def test_the_served_decode_steps_stay_close_to_the_float32_reference(reference, 
     built here on any CPU, its arithmetic being the same with AVX2 only), over the whole text,
     its 8 windows side by side, against the float32 reference on the same windows. Measured:
     top-1 0.9989, mean KL 0.00002 nats over 8 x 346 tokens (docs/performance.md)."""
-    monkeypatch.setattr(library, "has_avx512", lambda: True)
+    monkeypatch.setattr(library, "has_vnni", lambda: True)
     worker = small_worker("bfloat16", "auto")
     assert worker.model.native is not None
     assert "one native call" in worker.get_info().weights

@@ -13,7 +13,7 @@ from tests.worker.conftest import tiny_worker
 from tests.worker.step_driver import StepDriver, greedy
 from worker_svc.loaders.gguf_file import GgufFile
 from worker_svc.models.packed_linear import packing_available
-from worker_svc.native.decoder import pack_int4, pack_int8
+from worker_svc.native.decoder import pack_int4, pack_int8, unpack
 from worker_svc.quant.blocks import from_gguf_blocks, quantize_int4, quantize_int8_rows
 from worker_svc.quant.linear import QuantLinear, int4_matmul, int4_pack
 
@@ -53,23 +53,15 @@ def test_q4_1_tensors_unpacked_from_the_int4_packing_equal_gguf_dequantize(defau
 
 
 def test_the_native_steps_form_of_q4_1_and_q8_0_equals_gguf_dequantize(default_model_file):
-    """The native decode step (worker_svc/native) computes with unsigned codes and float32
-    scales per group (w = q * scale + bias for Q4_1, (q - 128) * scale for Q8_0): the file's
-    values exactly."""
+    """The native decode step (worker_svc/native) computes with unsigned codes, rows in tiles
+    of four, and float16 scales per group (w = q * scale + bias for Q4_1, (q - 128) * scale for
+    Q8_0): GGUF stores its scales in float16, so the file's values exactly."""
     for data, expected in file_tensors(default_model_file, Q.Q4_1, 3):
-        weight = from_gguf_blocks(data, Q.Q4_1)
-        packed, scale, bias = pack_int4(weight)
-        n, k = weight.shape
-        groups = packed.reshape(n, k // 32, 16)
-        codes = torch.cat([groups & 15, groups >> 4], dim=-1).float()
-        values = (codes * scale[..., None] + bias[..., None]).reshape(n, k)
-        assert torch.equal(values, torch.from_numpy(expected))
+        packed = pack_int4(from_gguf_blocks(data, Q.Q4_1))
+        assert torch.equal(unpack(packed, 4), torch.from_numpy(expected))
     for data, expected in file_tensors(default_model_file, Q.Q8_0, 1):
-        weight = from_gguf_blocks(data, Q.Q8_0)
-        codes, scale = pack_int8(weight)
-        n, k = weight.shape
-        values = (codes.float().reshape(n, k // 32, 32) - 128) * scale[..., None]
-        assert torch.equal(values.reshape(n, k), torch.from_numpy(expected))
+        packed = pack_int8(from_gguf_blocks(data, Q.Q8_0))
+        assert torch.equal(unpack(packed, 8), torch.from_numpy(expected))
 
 
 def test_q8_0_and_q4_0_blocks_decode_to_gguf_dequantize():

@@ -3,15 +3,24 @@
  *
  * Why: at one stream the torch path spends most of a step dispatching ~500 small ops; here the
  * whole step is one call, one OpenMP team (torch's own libgomp, loaded under the same soname),
- * float32 activations, and matrix-vector products that read each weight once for all rows.
- * worker_svc/native/decoder.py builds the structs below from the loaded model and compiles this
- * file with the machine's C compiler; the torch path stays the reference
+ * and matrix-vector products that read each weight once for all rows. Activations stay float32
+ * between the products; each product's input is written as two int8 digits per group of 32,
+ * x ~ d * (127 q1 + q2) (a 14-bit integer, where one int8 digit as GGUF's Q8_1 cost the served
+ * model 3 points of top-1 agreement with the float32 reference), so that the weights multiply
+ * as bytes: with AVX-512 VNNI one vpdpbusd does 64 multiply-adds, where widening the codes to
+ * floats took five instructions per 16. worker_svc/native/decoder.py builds the structs below from the loaded model and
+ * compiles this file with the machine's C compiler; the torch path stays the reference
  * (tests/worker/test_native_decode.py).
  *
- * Weights: w[n, k] = q * scale[n, g] + bias[n, g], g = k / 32, q unsigned (widening unsigned bytes
- * to floats takes fewer instructions than signed ones): 4-bit q in 0..15 packed two per byte,
- * byte j of a group holding element j in its low nibble and j + 16 in its high one, as GGUF's
- * Q4_0 / Q4_1 blocks; 8-bit q = GGUF's Q8_0 code + 128, whose bias, -128 * scale, is not stored.
+ * Weights: w[n, k] = q * scale[n, g] + bias[n, g], g = k / 32, q unsigned (vpdpbusd multiplies
+ * unsigned bytes by signed ones): 4-bit q in 0..15, as GGUF's Q4_0 / Q4_1 blocks; 8-bit q =
+ * GGUF's Q8_0 code + 128, whose bias, -128 * scale, is not stored. Scales and biases are
+ * float16 (GGUF stores them so; exact). Rows are interleaved in tiles of four so that one
+ * 64-byte load holds 16 codes of each of four rows: for tile t and group g,
+ *   4-bit: 64 bytes, row j's 16 bytes at 16 j, byte i holding element i in its low nibble and
+ *          element i + 16 in its high one;
+ *   8-bit: 128 bytes, elements 0-15 of rows 0-3, then elements 16-31 of rows 0-3;
+ *   scale, bias: [t, g, 4], row j of the tile at j.
  */
 #include <math.h>
 #include <omp.h>
@@ -22,35 +31,24 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define VNNI 1
+#endif
+
 #define GROUP 32
+#define ROW_TILE 4  /* weight rows interleaved per tile */
+#define MAX_ROWS 8
 
 typedef float f32x16 __attribute__((vector_size(64)));
-typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef uint16_t u16x16 __attribute__((vector_size(32)));
 typedef uint32_t u32x16 __attribute__((vector_size(64)));
-typedef int32_t i32x16 __attribute__((vector_size(64)));
-
-/* 16 unsigned bytes to floats: widen, then convert. With AVX-512 or AVX2 the instructions are
- * spelled out: compilers split some vector-extension forms of it into scalar code. */
-static inline f32x16 u8_to_f32(u8x16 b) {
-#if defined(__AVX512F__)
-    __m512 f = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32((__m128i)b));
-    f32x16 out; memcpy(&out, &f, 64); return out;
-#elif defined(__AVX2__)
-    __m256 halves[2] = {_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32((__m128i)b)),
-                        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128((__m128i)b, 8)))};
-    f32x16 out; memcpy(&out, halves, 64); return out;
-#else
-    return __builtin_convertvector(__builtin_convertvector(b, i32x16), f32x16);
-#endif
-}
 
 typedef struct {
-    int32_t bits;        /* 4 or 8 */
-    int32_t n, k;        /* out, in features */
-    const uint8_t *q;    /* 4-bit: [n, k / 2]; 8-bit: [n, k] */
-    const float *scale;  /* [n, k / 32] */
-    const float *bias;   /* [n, k / 32]; 4-bit only */
+    int32_t bits;          /* 4 or 8 */
+    int32_t n, k;          /* out, in features; n a multiple of ROW_TILE, k of GROUP */
+    const uint8_t *q;      /* 4-bit: [n / 4, k / 32, 64]; 8-bit: [n / 4, k / 32, 128] */
+    const uint16_t *scale; /* float16 [n / 4, k / 32, 4] */
+    const uint16_t *bias;  /* float16 [n / 4, k / 32, 4]; 4-bit only */
 } qmat;
 
 typedef struct {
@@ -69,6 +67,13 @@ typedef struct {
     const float *final_norm;
     qmat lm_head;
 } model_t;
+
+/* A product's input, quantized: x[r, i] ~ (127 hi[r, i] + lo[r, i]) * d[r, i / 32]. */
+typedef struct {
+    int8_t *hi, *lo;  /* [rows, k] each */
+    float *d;         /* [rows, k / 32] */
+    float *sum;       /* [rows, k / 32]: the group's sum as quantized, the bias term's factor */
+} qact;
 
 static inline f32x16 load16(const float *p) { f32x16 v; memcpy(&v, p, 64); return v; }
 static inline void store16(float *p, f32x16 v) { memcpy(p, &v, 64); }
@@ -93,89 +98,182 @@ static inline uint16_t to_bf16(float f) {  /* round to nearest even, as torch's 
     return (uint16_t)(u >> 16);
 }
 
-#define MAX_ROWS 8
-#define TILE 4  /* output features per pass at one row: four independent sums in flight */
-
-/* The bias term of row n: sum_g bias[n, g] * xsum[g]. 8-bit weights store no bias: theirs is
- * -128 * scale, derived here rather than read (a ninth of the LM head's bytes). */
-static float bias_dot(const qmat *w, int64_t n, const float *xsum) {
-    const int groups = w->k / GROUP;
-    const float *b = w->bits == 4 ? w->bias + n * groups : w->scale + n * groups;
-    float s = 0.f;
-    for (int g = 0; g < groups; g++) s += b[g] * xsum[g];
-    return w->bits == 4 ? s : -128.f * s;
-}
-
-/* Group g of row n as 32 floats (lo: elements 0-15, hi: 16-31), before scale and bias. */
-static inline void unpack(const qmat *w, int64_t n, int g, f32x16 *lo, f32x16 *hi) {
-    if (w->bits == 4) {
-        u8x16 b; memcpy(&b, w->q + n * (w->k / 2) + g * 16, 16);
-        *lo = u8_to_f32(b & 15);
-        *hi = u8_to_f32(b >> 4);
-    } else {
-        u8x16 a, b;
-        memcpy(&a, w->q + n * w->k + g * GROUP, 16);
-        memcpy(&b, w->q + n * w->k + g * GROUP + 16, 16);
-        *lo = u8_to_f32(a);
-        *hi = u8_to_f32(b);
-    }
-}
-
-/* One row of x: TILE output features at a time, so that TILE sums are in flight. */
-static void matvec_row(const qmat *w, const float *x, const float *xsum, float *y) {
-    const int groups = w->k / GROUP, tiles = w->n / TILE;
-    #pragma omp for schedule(static)
-    for (int tile = 0; tile < tiles; tile++) {
-        const int n0 = tile * TILE;
-        f32x16 acc[TILE] = {{0}};
-        for (int g = 0; g < groups; g++) {
-            const f32x16 xl = load16(x + g * GROUP), xh = load16(x + g * GROUP + 16);
-            for (int t = 0; t < TILE; t++) {
-                f32x16 lo, hi;
-                unpack(w, n0 + t, g, &lo, &hi);
-                acc[t] += (lo * xl + hi * xh) * w->scale[(int64_t)(n0 + t) * groups + g];
-            }
-        }
-        for (int t = 0; t < TILE; t++) {
-            const int64_t n = n0 + t;
-            y[n] = hsum(acc[t]) + bias_dot(w, n, xsum);
-        }
-    }
-}
-
-/* y[r, n] = sum_k w[n, k] x[r, k] for rows r < rows: each thread a slice of n, reading each
- * weight once for all rows. xsum[r, g]: the sum of x[r] over group g (the bias term's factor). */
-static void matvec(const qmat *w, int rows, const float *x, const float *xsum, float *y) {
-    const int groups = w->k / GROUP;
-    if (rows == 1 && w->n % TILE == 0) {
-        matvec_row(w, x, xsum, y);
-        return;
-    }
-    #pragma omp for schedule(static)
-    for (int n = 0; n < w->n; n++) {
-        f32x16 acc[MAX_ROWS];
-        for (int r = 0; r < rows; r++) acc[r] = (f32x16){0};
-        const float *sc = w->scale + (int64_t)n * groups;
-        for (int g = 0; g < groups; g++) {
-            f32x16 lo, hi;
-            unpack(w, n, g, &lo, &hi);
-            for (int r = 0; r < rows; r++) {
-                const float *xr = x + (int64_t)r * w->k + g * GROUP;
-                acc[r] += (lo * load16(xr) + hi * load16(xr + 16)) * sc[g];
-            }
-        }
-        for (int r = 0; r < rows; r++)
-            y[(int64_t)r * w->n + n] = hsum(acc[r]) + bias_dot(w, n, xsum + (int64_t)r * groups);
-    }
-}
-
-/* Group sums of x [rows, k], for the bias term. Called by one thread. */
-static void group_sums(int rows, int k, const float *x, float *xsum) {
+/* Rows x [rows, k] to two int8 digits per group of 32: hi = rint(x / e), e = max |x| / 127,
+ * then lo = rint((x - hi e) / d), d = e / 127, in [-64, 64]: x ~ d (127 hi + lo). Without
+ * fused multiply-adds, so that each digit is what the same float steps in torch round to
+ * (tests/worker/test_native_decode.py's round_to_digits). */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("fp-contract=off")))
+#endif
+static void quantize_rows(int rows, int k, const float *x, const qact *a) {
+#ifdef __clang__
+    #pragma STDC FP_CONTRACT OFF
+#endif
+    const int groups = k / GROUP;
     for (int r = 0; r < rows; r++)
-        for (int g = 0; g < k / GROUP; g++) {
-            const float *p = x + (int64_t)r * k + g * GROUP;
-            xsum[r * (k / GROUP) + g] = hsum(load16(p) + load16(p + 16));
+        for (int g = 0; g < groups; g++) {
+            const int64_t at = (int64_t)r * k + g * GROUP;
+            const float *p = x + at;
+            float top = 0.f;
+            for (int i = 0; i < GROUP; i++) top = fmaxf(top, fabsf(p[i]));
+            const float e = top / 127.f, d = e / 127.f, inv = top > 0.f ? 127.f / top : 0.f;
+            int total = 0;
+            for (int i = 0; i < GROUP; i++) {
+                const float hi = rintf(p[i] * inv);
+                const int lo = (int)rintf((p[i] - hi * e) * (127.f * inv));
+                a->hi[at + i] = (int8_t)hi;
+                a->lo[at + i] = (int8_t)lo;
+                total += 127 * (int)hi + lo;
+            }
+            a->d[r * groups + g] = d;
+            a->sum[r * groups + g] = d * (float)total;
         }
+}
+
+/* The sum term of tile rows: bias . sum for 4-bit weights; for 8-bit ones the bias is
+ * -128 * scale, so the caller passes the scales and BIAS_FACTOR(8) = -128. */
+#define BIAS_FACTOR(bits) ((bits) == 4 ? 1.f : -128.f)
+
+#ifdef VNNI
+/* Four rows' codes of one group (lo: elements 0-15 of each, hi: 16-31) times one int8 digit of
+ * the input's group x: each row's sum in four lanes. */
+static inline __m512i dot_group(__m512i lo, __m512i hi, const int8_t *x) {
+    const __m512i xl = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)x));
+    const __m512i xh = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(x + 16)));
+    return _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, xl), hi, xh);
+}
+
+/* y[r, n] = sum_k w[n, k] x[r, k] over one OpenMP team (each thread a slice of the tiles),
+ * reading each weight once for all R rows. R and BITS are constants at each call site
+ * (matvec below), so that the row loop unrolls into registers. */
+static inline __attribute__((always_inline)) void matvec_vnni(const qmat *w, const int R,
+                                                              const int BITS, const qact *a,
+                                                              float *y) {
+    const int groups = w->k / GROUP, tiles = w->n / ROW_TILE, k = w->k;
+    const int64_t tile_bytes = (BITS == 4 ? 64 : 128) * (int64_t)groups;
+    const __m512i nibble = _mm512_set1_epi8(15);
+    /* lane i of the products belongs to row i / 4 of the tile: each row's scale spread so */
+    const __m512i quad = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    #pragma omp for schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        __m512 acc[MAX_ROWS];
+        __m128 bacc[MAX_ROWS];
+        for (int r = 0; r < R; r++) { acc[r] = _mm512_setzero_ps(); bacc[r] = _mm_setzero_ps(); }
+        const uint8_t *q = w->q + t * tile_bytes;
+        const uint16_t *sc = w->scale + (int64_t)t * groups * ROW_TILE;
+        const uint16_t *bi = BITS == 4 ? w->bias + (int64_t)t * groups * ROW_TILE : sc;
+        for (int g = 0; g < groups; g++) {
+            __m512i lo, hi;  /* elements 0-15 and 16-31 of the group, of each of four rows */
+            if (BITS == 4) {
+                const __m512i v = _mm512_loadu_si512(q + g * 64);
+                lo = _mm512_and_si512(v, nibble);
+                hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+            } else {
+                lo = _mm512_loadu_si512(q + g * 128);
+                hi = _mm512_loadu_si512(q + g * 128 + 64);
+            }
+            const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + g * 4)));
+            const __m128 b4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(bi + g * 4)));
+            const __m512 s = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(s4));
+            for (int r = 0; r < R; r++) {
+                const int64_t xat = (int64_t)r * k + g * GROUP;
+                const __m512i high = dot_group(lo, hi, a->hi + xat), low = dot_group(lo, hi, a->lo + xat);
+                const __m512i dot = _mm512_add_epi32(  /* 127 high + low */
+                    _mm512_sub_epi32(_mm512_slli_epi32(high, 7), high), low);
+                const int at = r * groups + g;
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot),
+                                         _mm512_mul_ps(s, _mm512_set1_ps(a->d[at])), acc[r]);
+                bacc[r] = _mm_fmadd_ps(b4, _mm_set1_ps(a->sum[at]), bacc[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            /* 128-bit lane j holds row j's four partial sums */
+            const __m128 sums = _mm_hadd_ps(
+                _mm_hadd_ps(_mm512_extractf32x4_ps(acc[r], 0), _mm512_extractf32x4_ps(acc[r], 1)),
+                _mm_hadd_ps(_mm512_extractf32x4_ps(acc[r], 2), _mm512_extractf32x4_ps(acc[r], 3)));
+            _mm_storeu_ps(y + (int64_t)r * w->n + t * ROW_TILE,
+                          _mm_fmadd_ps(bacc[r], _mm_set1_ps(BIAS_FACTOR(BITS)), sums));
+        }
+    }
+}
+
+#define VNNI_CASE(R) case R: \
+    if (w->bits == 4) matvec_vnni(w, R, 4, a, y); else matvec_vnni(w, R, 8, a, y); break;
+
+static void matvec(const qmat *w, int rows, const qact *a, float *y) {
+    switch (rows) {
+        VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4)
+        VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7) VNNI_CASE(8)
+    }
+}
+#else
+static float half_to_float(uint16_t h) {
+    const uint32_t exponent = (h >> 10) & 31, mantissa = h & 1023;
+    float f;
+    if (exponent == 0) {
+        f = ldexpf((float)mantissa, -24);  /* zero or subnormal */
+    } else {
+        const uint32_t u = exponent == 31 ? 0x7f800000u | (mantissa << 13)
+                                          : ((exponent + 112) << 23) | (mantissa << 13);
+        memcpy(&f, &u, 4);
+    }
+    return h & 0x8000 ? -f : f;
+}
+
+/* The same arithmetic without VNNI, one output at a time: for machines without it (where
+ * decoder.py does not build the step unless asked) and as a reading of the layout. */
+static void matvec(const qmat *w, int rows, const qact *a, float *y) {
+    const int groups = w->k / GROUP, tiles = w->n / ROW_TILE;
+    const int64_t tile_bytes = (w->bits == 4 ? 64 : 128) * (int64_t)groups;
+    #pragma omp for schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        for (int j = 0; j < ROW_TILE; j++) {
+            float acc[MAX_ROWS] = {0}, bacc[MAX_ROWS] = {0};
+            for (int g = 0; g < groups; g++) {
+                const uint8_t *q = w->q + t * tile_bytes + g * (w->bits == 4 ? 64 : 128);
+                uint8_t codes[GROUP];
+                for (int i = 0; i < 16; i++) {
+                    codes[i] = w->bits == 4 ? q[16 * j + i] & 15 : q[16 * j + i];
+                    codes[i + 16] = w->bits == 4 ? q[16 * j + i] >> 4 : q[64 + 16 * j + i];
+                }
+                const int64_t at = ((int64_t)t * groups + g) * ROW_TILE + j;
+                const float s = half_to_float(w->scale[at]);
+                const float b = half_to_float(w->bits == 4 ? w->bias[at] : w->scale[at]);
+                for (int r = 0; r < rows; r++) {
+                    const int64_t xat = (int64_t)r * w->k + g * GROUP;
+                    int32_t dot = 0;
+                    for (int i = 0; i < GROUP; i++)
+                        dot += codes[i] * (127 * a->hi[xat + i] + a->lo[xat + i]);
+                    acc[r] += (float)dot * (s * a->d[r * groups + g]);
+                    bacc[r] += b * a->sum[r * groups + g];
+                }
+            }
+            for (int r = 0; r < rows; r++)
+                y[(int64_t)r * w->n + t * ROW_TILE + j] = acc[r] + BIAS_FACTOR(w->bits) * bacc[r];
+        }
+    }
+}
+#endif
+
+/* e^x, in a form the compiler vectorizes (the scalar expf of the C library does not, and the
+ * softmax and SiLU call it for every score and every intermediate feature): x = n ln2 + r,
+ * e^r by Cephes' degree-6 polynomial, 2^n put into the exponent bits. Within 2 ulp of expf
+ * over [-87.3, 88.3]; clamped there (e^-87.3 is the smallest normal float). */
+static inline float fast_exp(float x) {
+    x = x < -87.3f ? -87.3f : (x > 88.3f ? 88.3f : x);
+    const float n = (x * 1.44269504f + 12582912.f) - 12582912.f;  /* round to nearest */
+    const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    const float e = p * r * r + r + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, 4);
+    return e * scale;
 }
 
 /* out = rms_norm(x) * weight, in float32 (torch's rms_norm: x * rsqrt(mean(x^2) + eps)). */
@@ -186,12 +284,12 @@ static void rms_norm(int n, const float *x, const float *weight, float eps, floa
     for (int i = 0; i < n; i++) out[i] = x[i] * inv * weight[i];
 }
 
-/* out = rms_norm(x) * weight for each row, and out's group sums (the next matvec's input). */
+/* out = rms_norm(x) * weight for each row, quantized (the next product's input). */
 static void norm_rows(int rows, int n, const float *x, const float *weight, float eps, float *out,
-                      float *xsum) {
+                      const qact *a) {
     for (int r = 0; r < rows; r++)
         rms_norm(n, x + (int64_t)r * n, weight, eps, out + (int64_t)r * n);
-    group_sums(rows, n, out, xsum);
+    quantize_rows(rows, n, out, a);
 }
 
 /* Neox-style rotary on one head in place: halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin). */
@@ -220,55 +318,124 @@ static void write_cache(const model_t *m, void *cache, int kv_head, int64_t slot
     }
 }
 
-static inline float dot_cache(const model_t *m, const void *cache, int64_t at, const float *q) {
-    f32x16 acc = {0};
-    if (m->cache_bf16) {
-        const uint16_t *c = (const uint16_t *)cache + at;
-        for (int i = 0; i < m->head_dim; i += 16) acc += bf16x16(c + i) * load16(q + i);
-    } else {
-        const float *c = (const float *)cache + at;
-        for (int i = 0; i < m->head_dim; i += 16) acc += load16(c + i) * load16(q + i);
-    }
-    return hsum(acc);
+#define CHUNK 128          /* positions per attention work item: items enough for every thread */
+#define MAX_HEAD_DIM 256
+
+/* Row j of a K or V cache block as floats; V = head_dim / 16. */
+static inline __attribute__((always_inline)) void cache_floats(const model_t *m, const void *block,
+                                                               int j, const int V, f32x16 *out) {
+    for (int i = 0; i < V; i++)
+        out[i] = m->cache_bf16 ? bf16x16((const uint16_t *)block + (int64_t)j * 16 * V + 16 * i)
+                               : load16((const float *)block + (int64_t)j * 16 * V + 16 * i);
 }
 
-static inline void add_cache(const model_t *m, const void *cache, int64_t at, float p, float *out) {
-    if (m->cache_bf16) {
-        const uint16_t *c = (const uint16_t *)cache + at;
-        for (int i = 0; i < m->head_dim; i += 16) store16(out + i, load16(out + i) + bf16x16(c + i) * p);
-    } else {
-        const float *c = (const float *)cache + at;
-        for (int i = 0; i < m->head_dim; i += 16) store16(out + i, load16(out + i) + load16(c + i) * p);
+/* Where position t of a row's context starts its run of consecutive cache rows: the block
+ * holding it (head-major storage: its rows are contiguous), t's row in it, and the run's
+ * length up to `end`. One division per block rather than per position. */
+static inline const void *cache_run(const model_t *m, const void *cache, int kv_head,
+                                    const int32_t *blocks, int t, int end, int *first, int *run) {
+    const int b = t / m->block_size;
+    *first = t - b * m->block_size;
+    *run = m->block_size - *first < end - t ? m->block_size - *first : end - t;
+    const int64_t at = ((int64_t)kv_head * m->num_blocks + blocks[b]) * m->block_size * m->head_dim;
+    return m->cache_bf16 ? (const void *)((const uint16_t *)cache + at)
+                         : (const void *)((const float *)cache + at);
+}
+
+/* The `group` query heads that share kv_head (q [group, D]) over one row's positions [t0, t1),
+ * each K row read once for all of them. Per head into part [group, 2 + D]: the largest score,
+ * the sum of exp(score - largest), and the V rows summed with those weights (unnormalised);
+ * combine_chunks joins a row's chunks. scores: [group, CHUNK] of the thread. V = D / 16 is a
+ * constant at each call site (attend_chunk below) so that a head's sums stay in registers. */
+static inline __attribute__((always_inline)) void attend_chunk_v(
+        const model_t *m, const layer_t *l, const int32_t *blocks, int t0, int t1,
+        const float *q, int kv_head, int group, float *scores, float *part, const int V) {
+    const int D = 16 * V, n = t1 - t0;
+    f32x16 row[MAX_HEAD_DIM / 16];
+    for (int t = t0; t < t1;) {
+        int first, run;
+        const void *block = cache_run(m, l->k_cache, kv_head, blocks, t, t1, &first, &run);
+        for (int j = 0; j < run; j++, t++) {
+            cache_floats(m, block, first + j, V, row);
+            for (int h = 0; h < group; h++) {
+                f32x16 acc = {0};
+                for (int i = 0; i < V; i++) acc += row[i] * load16(q + h * D + 16 * i);
+                scores[h * CHUNK + t - t0] = hsum(acc) * m->scale;
+            }
+        }
+    }
+    for (int h = 0; h < group; h++) {
+        float *s = scores + h * CHUNK, *head = part + h * (2 + D), top = -INFINITY, total = 0.f;
+        for (int t = 0; t < n; t++) top = s[t] > top ? s[t] : top;
+        for (int t = 0; t < n; t++) s[t] = fast_exp(s[t] - top);  /* apart: this loop vectorizes */
+        for (int t = 0; t < n; t++) total += s[t];
+        head[0] = top;
+        head[1] = total;
+        f32x16 out[MAX_HEAD_DIM / 16];
+        for (int i = 0; i < V; i++) out[i] = (f32x16){0};
+        for (int t = t0; t < t1;) {
+            int first, run;
+            const void *block = cache_run(m, l->v_cache, kv_head, blocks, t, t1, &first, &run);
+            for (int j = 0; j < run; j++, t++) {
+                cache_floats(m, block, first + j, V, row);
+                for (int i = 0; i < V; i++) out[i] += row[i] * s[t - t0];
+            }
+        }
+        for (int i = 0; i < V; i++) store16(head + 2 + 16 * i, out[i]);
     }
 }
 
-/* One query head of one row over its request's cached positions [0, seq_len). */
-static void attend_head(const model_t *m, const layer_t *l, const int32_t *blocks, int seq_len,
-                        const float *q, int kv_head, float *scores, float *out) {
-    float top = -INFINITY;
-    for (int t = 0; t < seq_len; t++) {
-        const int64_t slot = (int64_t)blocks[t / m->block_size] * m->block_size + t % m->block_size;
-        scores[t] = dot_cache(m, l->k_cache, cache_row(m, kv_head, slot), q) * m->scale;
-        if (scores[t] > top) top = scores[t];
-    }
-    float total = 0.f;
-    for (int t = 0; t < seq_len; t++) { scores[t] = expf(scores[t] - top); total += scores[t]; }
-    memset(out, 0, sizeof(float) * m->head_dim);
-    for (int t = 0; t < seq_len; t++) {
-        const int64_t slot = (int64_t)blocks[t / m->block_size] * m->block_size + t % m->block_size;
-        add_cache(m, l->v_cache, cache_row(m, kv_head, slot), scores[t] / total, out);
+static void attend_chunk(const model_t *m, const layer_t *l, const int32_t *blocks, int t0,
+                         int t1, const float *q, int kv_head, int group, float *scores,
+                         float *part) {
+    switch (m->head_dim) {  /* the common head sizes unrolled; any multiple of 16 served */
+        case 64: attend_chunk_v(m, l, blocks, t0, t1, q, kv_head, group, scores, part, 4); break;
+        case 128: attend_chunk_v(m, l, blocks, t0, t1, q, kv_head, group, scores, part, 8); break;
+        default:
+            attend_chunk_v(m, l, blocks, t0, t1, q, kv_head, group, scores, part,
+                           m->head_dim / 16);
     }
 }
 
-/* Scratch floats bw_decode needs for `rows` rows and `threads` threads. */
+/* One head's attention output from its chunks' parts (chunk c at part + c * stride). */
+static void combine_chunks(int chunks, int D, const float *part, int64_t stride, float *out) {
+    float top = -INFINITY, total = 0.f;
+    for (int c = 0; c < chunks; c++) top = part[c * stride] > top ? part[c * stride] : top;
+    memset(out, 0, sizeof(float) * D);
+    for (int c = 0; c < chunks; c++) {
+        const float *p = part + c * stride, w = fast_exp(p[0] - top);
+        total += w * p[1];
+        for (int i = 0; i < D; i++) out[i] += w * p[2 + i];
+    }
+    for (int i = 0; i < D; i++) out[i] /= total;
+}
+
+/* Floats of scratch a quantized input of `rows` rows of k features takes. */
+static int64_t qact_floats(int rows, int64_t k) { return rows * k / 2 + 2 * rows * k / GROUP; }
+
+/* A quantized input of up to `rows` rows of k features, carved from float scratch at `at`. */
+static void carve_qact(float *at, int rows, int64_t k, qact *a) {
+    a->hi = (int8_t *)at;  /* rows * k bytes each: a quarter as many floats */
+    a->lo = a->hi + rows * k;
+    a->d = at + rows * k / 2;
+    a->sum = a->d + rows * k / GROUP;
+}
+
+static int64_t widest_input(const model_t *m) {
+    int64_t k_max = m->intermediate > m->hidden ? m->intermediate : m->hidden;
+    const int64_t q_size = (int64_t)m->num_heads * m->head_dim;
+    return q_size > k_max ? q_size : k_max;
+}
+
+/* Scratch floats bw_decode (and bw_lm_head) need for `rows` rows and `threads` threads. */
 int64_t bw_scratch_floats(const model_t *m, int rows, int threads) {
     const int64_t qkv = (int64_t)(m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
     const int64_t widest = 2 * (int64_t)m->intermediate > qkv ? 2 * (int64_t)m->intermediate : qkv;
-    const int64_t q_size = (int64_t)m->num_heads * m->head_dim;
-    int64_t k_max = m->intermediate > m->hidden ? m->intermediate : m->hidden;
-    if (q_size > k_max) k_max = q_size;
-    return rows * (2 * (int64_t)m->hidden + widest + k_max + k_max / GROUP) +
-           (int64_t)threads * m->max_seq_len;
+    const int64_t k_max = widest_input(m);
+    const int64_t chunks = (m->max_seq_len + CHUNK - 1) / CHUNK;
+    return rows * (2 * (int64_t)m->hidden + widest + k_max) + qact_floats(rows, k_max) +
+           rows * (int64_t)m->num_heads * chunks * (2 + m->head_dim) +
+           (int64_t)threads * m->num_heads * CHUNK;
 }
 
 /* Every layer of `rows` decode rows. x [rows, hidden]: the embedded tokens in, the final-normed
@@ -284,24 +451,31 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
     const int H = m->hidden, D = m->head_dim, NH = m->num_heads, NKV = m->num_kv_heads;
     const int QKV = (NH + 2 * NKV) * D, I = m->intermediate;
     const int widest = 2 * I > QKV ? 2 * I : QKV;
-    int k_max = I > H ? I : H;
-    if (NH * D > k_max) k_max = NH * D;
+    const int64_t k_max = widest_input(m);
     float *resid = x;                              /* [rows, H], the residual stream */
     float *h = scratch;                            /* [rows, H] normed input of a projection */
     float *tmp = h + (int64_t)rows * H;            /* [rows, H] a projection's output */
     float *wide = tmp + (int64_t)rows * H;         /* [rows, widest] q|k|v or gate|up */
     float *act = wide + (int64_t)rows * widest;    /* [rows, k_max] attention out / silu(g)*u */
-    float *xsum = act + (int64_t)rows * k_max;     /* [rows, k_max / 32] group sums */
-    float *scores = xsum + (int64_t)rows * (k_max / GROUP);  /* [threads, max_seq_len] */
-    const int group_size = NH / NKV;
+    qact in;                                       /* the quantized input of a product */
+    carve_qact(act + rows * k_max, rows, k_max, &in);
+    const int group = NH / NKV, chunks_max = (m->max_seq_len + CHUNK - 1) / CHUNK;
+    const int64_t part_size = 2 + D;               /* one head's part of one chunk */
+    float *parts = act + rows * k_max + qact_floats(rows, k_max);  /* [rows, NKV, chunks_max,
+                                                                      group, part_size] */
+    float *scores = parts + rows * (int64_t)NH * chunks_max * part_size;  /* [threads, group,
+                                                                             CHUNK] */
+    int step_chunks = 0;                           /* the most chunks of any row this step */
+    for (int r = 0; r < rows; r++)
+        if ((seq_lens[r] + CHUNK - 1) / CHUNK > step_chunks) step_chunks = (seq_lens[r] + CHUNK - 1) / CHUNK;
 
     #pragma omp parallel num_threads(threads)
     {
         for (int li = 0; li < m->num_layers; li++) {
             const layer_t *l = &m->layers[li];
             #pragma omp single
-            norm_rows(rows, H, resid, l->input_norm, m->eps, h, xsum);
-            matvec(&l->qkv, rows, h, xsum, wide);
+            norm_rows(rows, H, resid, l->input_norm, m->eps, h, &in);
+            matvec(&l->qkv, rows, &in, wide);
             #pragma omp single
             for (int r = 0; r < rows; r++) {
                 float *row = wide + (int64_t)r * QKV;
@@ -317,32 +491,44 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
                 }
             }
             #pragma omp for schedule(dynamic, 1)
+            for (int item = 0; item < rows * NKV * step_chunks; item++) {
+                const int c = item % step_chunks, kv_head = item / step_chunks % NKV;
+                const int r = item / (step_chunks * NKV), t0 = c * CHUNK;
+                if (t0 >= seq_lens[r]) continue;
+                const int t1 = t0 + CHUNK < seq_lens[r] ? t0 + CHUNK : seq_lens[r];
+                attend_chunk(m, l, block_table + (int64_t)r * table_width, t0, t1,
+                             wide + (int64_t)r * QKV + kv_head * group * D, kv_head, group,
+                             scores + (int64_t)omp_get_thread_num() * group * CHUNK,
+                             parts + (((int64_t)r * NKV + kv_head) * chunks_max + c) * group *
+                                         part_size);
+            }
+            #pragma omp for schedule(static)
             for (int item = 0; item < rows * NH; item++) {
-                const int r = item / NH, head = item % NH;
-                float *my_scores = scores + (int64_t)omp_get_thread_num() * m->max_seq_len;
-                attend_head(m, l, block_table + (int64_t)r * table_width, seq_lens[r],
-                            wide + (int64_t)r * QKV + head * D, head / group_size, my_scores,
-                            act + (int64_t)r * NH * D + head * D);
+                const int r = item / NH, head = item % NH, kv_head = head / group;
+                combine_chunks((seq_lens[r] + CHUNK - 1) / CHUNK, D,
+                               parts + ((int64_t)r * NKV + kv_head) * chunks_max * group * part_size +
+                                   (head % group) * part_size,
+                               group * part_size, act + (int64_t)r * NH * D + head * D);
             }
             #pragma omp single
-            group_sums(rows, NH * D, act, xsum);
-            matvec(&l->o, rows, act, xsum, tmp);
+            quantize_rows(rows, NH * D, act, &in);
+            matvec(&l->o, rows, &in, tmp);
             #pragma omp single
             {
                 for (int64_t i = 0; i < (int64_t)rows * H; i++) resid[i] += tmp[i];
-                norm_rows(rows, H, resid, l->post_norm, m->eps, h, xsum);
+                norm_rows(rows, H, resid, l->post_norm, m->eps, h, &in);
             }
-            matvec(&l->gate_up, rows, h, xsum, wide);
+            matvec(&l->gate_up, rows, &in, wide);
             #pragma omp single
             {
                 for (int r = 0; r < rows; r++) {
                     const float *gate = wide + (int64_t)r * 2 * I, *up = gate + I;
                     float *a = act + (int64_t)r * I;
-                    for (int i = 0; i < I; i++) a[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+                    for (int i = 0; i < I; i++) a[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
                 }
-                group_sums(rows, I, act, xsum);
+                quantize_rows(rows, I, act, &in);
             }
-            matvec(&l->down, rows, act, xsum, tmp);
+            matvec(&l->down, rows, &in, tmp);
             #pragma omp single
             for (int64_t i = 0; i < (int64_t)rows * H; i++) resid[i] += tmp[i];
         }
@@ -359,11 +545,37 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
 int bw_lm_head(const model_t *m, int rows, const float *h, float *logits, float *scratch,
                int threads) {
     if (rows < 1 || rows > MAX_ROWS) return -1;
+    qact in;
+    carve_qact(scratch, rows, m->hidden, &in);
     #pragma omp parallel num_threads(threads)
     {
         #pragma omp single
-        group_sums(rows, m->hidden, h, scratch);
-        matvec(&m->lm_head, rows, h, scratch, logits);
+        quantize_rows(rows, m->hidden, h, &in);
+        matvec(&m->lm_head, rows, &in, logits);
     }
     return 0;
+}
+
+/* y [rows, n] = x [rows, k] w^T, as each product of the step computes it (for tests). scratch:
+ * rows * k / 2 + rows * k / 16 floats. */
+int bw_matvec(const qmat *w, int rows, const float *x, float *y, float *scratch, int threads) {
+    if (rows < 1 || rows > MAX_ROWS || w->n % ROW_TILE || w->k % GROUP) return -1;
+    qact in;
+    carve_qact(scratch, rows, w->k, &in);
+    #pragma omp parallel num_threads(threads)
+    {
+        #pragma omp single
+        quantize_rows(rows, w->k, x, &in);
+        matvec(w, rows, &in, y);
+    }
+    return 0;
+}
+
+/* 1 where the products run on AVX-512 VNNI, 0 where on the portable loop. */
+int bw_uses_vnni(void) {
+#ifdef VNNI
+    return 1;
+#else
+    return 0;
+#endif
 }

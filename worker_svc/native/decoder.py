@@ -24,25 +24,57 @@ logger = logging.getLogger(__name__)
 
 MAX_ROWS = 8  # decode.c's MAX_ROWS: the most decode rows one call takes
 MAX_THREADS = 16  # the OpenMP team's largest size: the scratch holds attention scores per thread
+MAX_HEAD_DIM = 256  # decode.c's MAX_HEAD_DIM
+
+
+ROW_TILE = 4  # decode.c's ROW_TILE: weight rows interleaved per tile
+
+
+def _tiles(t: torch.Tensor) -> torch.Tensor:
+    """[N, G, ...] per row and group -> [N / 4, G, 4, ...]: four rows' groups side by side."""
+    n, groups = t.shape[:2]
+    return t.reshape(n // ROW_TILE, ROW_TILE, groups, *t.shape[2:]).transpose(1, 2)
+
+
+def _half(t: torch.Tensor) -> torch.Tensor:
+    """Scales and biases as decode.c reads them: float16 [N / 4, G, 4]."""
+    return _tiles(t.to(torch.float16)).contiguous()
 
 
 def pack_int4(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes [N, K/2] uint8, scale [N, G], bias [N, G]) with w = q * scale + bias; byte j of a
-    group holds element j in its low nibble and element j + 16 in its high one."""
+    """(codes [N / 4, G, 4, 16] uint8, scale [N / 4, G, 4], bias [N / 4, G, 4] float16) with
+    w = q * scale + bias: for tile t (rows 4t..4t+3) and group g, row j's 16 bytes, byte i
+    holding element i in its low nibble and element i + 16 in its high one (decode.c)."""
     n, k = weight.shape
     codes = weight.codes.to(torch.uint8).reshape(n, k // GROUP, 2, GROUP // 2)
-    packed = (codes[:, :, 0] | (codes[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
-    scale = weight.scale.float().contiguous()
-    bias = (weight.zero - INT4_OFFSET * weight.scale).float().contiguous()
-    return packed, scale, bias
+    packed = _tiles(codes[:, :, 0] | (codes[:, :, 1] << 4)).contiguous()
+    bias = weight.zero - INT4_OFFSET * weight.scale
+    return packed, _half(weight.scale), _half(bias)
 
 
 def pack_int8(weight: QuantizedWeight) -> tuple[torch.Tensor, torch.Tensor]:
-    """(codes + 128 as uint8 [N, K], scale [N, G]): w = (q - 128) * scale, the signed codes
-    moved into unsigned bytes (the C step widens those in fewer steps; it derives the bias,
-    -128 * scale, rather than reading one)."""
-    codes = (weight.codes.to(torch.int16) + 128).to(torch.uint8).contiguous()
-    return codes, weight.scale.float().contiguous()
+    """(codes + 128 [N / 4, G, 2, 4, 16] uint8, scale [N / 4, G, 4] float16):
+    w = (q - 128) * scale, the signed codes moved into unsigned bytes (vpdpbusd multiplies
+    unsigned by signed bytes; the step derives the bias, -128 * scale, rather than reading one).
+    For tile t and group g: elements 0-15 of its four rows, then elements 16-31."""
+    n, k = weight.shape
+    codes = (weight.codes.to(torch.int16) + 128).to(torch.uint8)
+    halves = _tiles(codes.reshape(n, k // GROUP, 2, GROUP // 2)).transpose(2, 3)
+    return halves.contiguous(), _half(weight.scale)
+
+
+def unpack(packed: tuple[torch.Tensor, ...], bits: int) -> torch.Tensor:
+    """The float32 weight [N, K] that pack_int4's or pack_int8's output stands for."""
+    if bits == 4:
+        codes, scale, bias = packed
+        q = torch.cat([codes & 15, codes >> 4], dim=-1).float()  # [N / 4, G, 4, 32]
+        values = q * scale.float()[..., None] + bias.float()[..., None]
+    else:
+        codes, scale = packed
+        q = codes.transpose(2, 3).reshape(*codes.shape[:2], ROW_TILE, GROUP).float() - 128
+        values = q * scale.float()[..., None]
+    tiles, groups = values.shape[:2]
+    return values.transpose(1, 2).reshape(tiles * ROW_TILE, groups * GROUP)
 
 
 def why_not(stored: dict[str, QuantizedWeight], names: list[str]) -> str | None:
@@ -53,6 +85,8 @@ def why_not(stored: dict[str, QuantizedWeight], names: list[str]) -> str | None:
             return f"{name} is not stored quantized"
         if weight.group != GROUP or weight.bits not in (4, 8):
             return f"{name} is {weight.source}, not 4- or 8-bit groups of {GROUP}"
+        if weight.shape[0] % ROW_TILE:
+            return f"{name} has {weight.shape[0]} rows, not a multiple of {ROW_TILE}"
     return None
 
 
@@ -104,13 +138,13 @@ class NativeDecoder:
         reason = why_not(stored, [*names, "lm_head.weight"])
         if reason is None and cfg.qk_norm:
             reason = "the model normalises q and k per head (not in the native step)"
-        if reason is None and cfg.head_dim % 16:
-            reason = f"head_dim {cfg.head_dim} is not a multiple of 16"
+        if reason is None and (cfg.head_dim % 16 or cfg.head_dim > MAX_HEAD_DIM):
+            reason = f"head_dim {cfg.head_dim} is not a multiple of 16 up to {MAX_HEAD_DIM}"
         if reason is None and model.cos_sin.shape[1] != cfg.head_dim:
             reason = "rotary covers part of each head only"
-        if reason is None and where_faster and not library.has_avx512():
-            reason = ("this CPU has no AVX-512, where the native step measured slower than the "
-                      "torch path")
+        if reason is None and where_faster and not library.has_vnni():
+            reason = ("this CPU has no AVX-512 VNNI, without which the native step measured "
+                      "slower than the torch path")
         if reason is not None:
             logger.info("native CPU decode off: %s", reason)
             return None
@@ -119,8 +153,8 @@ class NativeDecoder:
 
     @staticmethod
     def describe() -> str:
-        return (f"decode steps of up to {MAX_ROWS} rows: one native call (float32 activations, "
-                "the stored weights as they are)")
+        return (f"decode steps of up to {MAX_ROWS} rows: one native call (the stored weights "
+                "as they are, times activations quantized to int8 per group of 32)")
 
     def _floats(self, t: torch.Tensor) -> int:
         t = t.detach().float().contiguous()

@@ -74,11 +74,12 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def has_avx512() -> bool:
-    """Whether this CPU has AVX-512 (F): where the native step was measured faster than the
-    torch path. Built for AVX2 only (-march=haswell), it computes the same but took 70 ms a
-    step against torch's 46 on the same machine (docs/performance.md)."""
-    return " avx512f" in f" {_cpu_flags()}"
+def has_vnni() -> bool:
+    """Whether this CPU has AVX-512 with VNNI, where decode.c multiplies the weights as bytes
+    (vpdpbusd). Without it the step runs a portable loop that computes the same but measured
+    slower than the torch path (docs/performance.md)."""
+    flags = f" {_cpu_flags()} "
+    return all(f" {flag} " in flags for flag in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
 
 
 def load() -> ctypes.CDLL | None:
@@ -112,6 +113,10 @@ def load() -> ctypes.CDLL | None:
     lib.bw_lm_head.restype = ctypes.c_int
     lib.bw_lm_head.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p,
                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.bw_matvec.restype = ctypes.c_int
+    lib.bw_matvec.argtypes = [ctypes.POINTER(QMat), ctypes.c_int, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
+    lib.bw_uses_vnni.restype = ctypes.c_int
     lib.bw_scratch_floats.restype = ctypes.c_int64
     lib.bw_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
     return lib
