@@ -3,9 +3,9 @@
 In float32 both compute from the same weights (the file's Q4_1 and Q8_0 values, de-quantised
 exactly). The native step writes each product's input as two int8 digits per group of 32; with
 that rounding put on the torch path's projections too (rounded_inputs), a native step's logits
-equal the torch path's up to summation order and the rounding's last digit. The step is run through the model's own forward, as the runner
-calls it, over rows whose blocks are not consecutive, from position 0 (the native step writes
-each token's K/V as it goes). How far the rounding moves the served model from the float32
+equal the torch path's up to summation order and the rounding's last digit. The step is run
+through the model's own forward, as the runner calls it, over rows whose blocks are not
+consecutive, from position 0 (the native step writes each token's K/V as it goes). How far the rounding moves the served model from the float32
 reference is measured in test_quantized_quality.py.
 """
 
