@@ -5,8 +5,9 @@ exactly). The native step writes each product's input as two int8 digits per gro
 that rounding put on the torch path's projections too (rounded_inputs), a native step's logits
 equal the torch path's up to summation order and the rounding's last digit. The step is run
 through the model's own forward, as the runner calls it, over rows whose blocks are not
-consecutive, from position 0 (the native step writes each token's K/V as it goes). How far the rounding moves the served model from the float32
-reference is measured in test_quantized_quality.py.
+consecutive, from position 0 (the native step writes each token's K/V as it goes). How far the
+rounding moves the served model from the float32 reference is measured in
+test_quantized_quality.py.
 """
 
 from __future__ import annotations
