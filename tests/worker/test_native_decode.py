@@ -155,12 +155,19 @@ def stored_like_the_file(n: int, k: int, bits: int) -> QuantizedWeight:
     return QuantizedWeight(8, codes, scale, torch.zeros_like(scale), 32, "Q8_0-like")
 
 
+# Each form of the products, built on any x86 machine: the first this CPU runs (AVX-512 VNNI
+# where it has them), AVX2, and the portable loop.
+BUILDS = {"native": None, "haswell": b"avx2", "x86-64": b"portable"}
+
+
+@pytest.mark.parametrize("march", BUILDS)
 @pytest.mark.parametrize("bits", [4, 8])
-def test_each_product_is_the_rounded_input_times_the_stored_weight(bits):
+def test_each_product_is_the_rounded_input_times_the_stored_weight(bits, march):
     """decode.c's products read the packed weights as `unpack` lays them out, and compute
     round_to_digits(x) @ w.T for 1 to 8 rows; the packed form holds the stored weight."""
-    lib = library.load()
+    lib = library.load(march)
     assert lib is not None
+    assert BUILDS[march] in (None, lib.bw_products())
     weight = stored_like_the_file(96, 576, bits)
     packed = pack_int4(weight) if bits == 4 else pack_int8(weight)
     dense = unpack(packed, bits)
@@ -225,14 +232,17 @@ def test_the_library_is_built_once_per_source_and_not_without_a_compiler(
     assert "native CPU decode off: false failed to build decode.c" in caplog.text
 
 
-def test_without_vnni_the_torch_path_serves(float32_native, monkeypatch, caplog):
-    """Without AVX-512 VNNI the native step runs a portable loop that measured slower than the
-    torch path: it is not built there unless asked (where_faster=False, as the tests here do)."""
+def test_without_avx2_the_torch_path_serves(float32_native, monkeypatch, caplog):
+    """Where the compiler finds neither AVX-512 VNNI nor AVX2, the step's portable loop is
+    slower than the torch path: it is not built there unless asked (where_faster=False, as the
+    tests here do)."""
     worker, _, stored = float32_native
-    monkeypatch.setattr(library, "has_vnni", lambda: False)
+    portable = library.load("x86-64")
+    monkeypatch.setattr(library, "load", lambda: portable)
     with caplog.at_level(logging.INFO, logger="worker_svc.native.decoder"):
         assert NativeDecoder.build(worker.model, stored, 1024) is None
-    assert "native CPU decode off: this CPU has no AVX-512 VNNI" in caplog.text
+        assert NativeDecoder.build(worker.model, stored, 1024, where_faster=False) is not None
+    assert "native CPU decode off: this CPU has neither AVX-512 VNNI nor AVX2" in caplog.text
 
 
 def test_float_weights_keep_the_torch_path(default_worker, caplog):

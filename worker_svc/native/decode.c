@@ -33,6 +33,8 @@
 
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define VNNI 1
+#elif defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#define AVX2_DOT 1
 #endif
 
 #define GROUP 32
@@ -204,6 +206,100 @@ static void matvec(const qmat *w, int rows, const qact *a, float *y) {
     switch (rows) {
         VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4)
         VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7) VNNI_CASE(8)
+    }
+}
+#elif defined(AVX2_DOT)
+/* Two rows' codes of one group (lo: elements 0-15 of each row, hi: 16-31) times one int8 digit
+ * of the input's group x: row 0's sum in lanes 0-3, row 1's in lanes 4-7. vpmaddubsw adds
+ * pairs of unsigned-by-signed byte products into int16: 4-bit codes (at most 2 * 15 * 127)
+ * fit; 8-bit codes come signed, as their magnitudes with x carrying their signs (at most
+ * 2 * 128 * 127). */
+static inline __m256i dot_pair(__m256i lo, __m256i hi, const int8_t *x, const int SIGNED) {
+    __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)x));
+    __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(x + 16)));
+    if (SIGNED) {
+        xl = _mm256_sign_epi8(xl, lo);
+        xh = _mm256_sign_epi8(xh, hi);
+        lo = _mm256_sign_epi8(lo, lo);
+        hi = _mm256_sign_epi8(hi, hi);
+    }
+    const __m256i ones = _mm256_set1_epi16(1);
+    return _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, xl), ones),
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xh), ones));
+}
+
+/* matvec_vnni's arithmetic with AVX2 alone: a tile's four rows in two halves of two rows. The
+ * 8-bit codes are moved back to signed (their bias then vanishes). */
+static inline __attribute__((always_inline)) void matvec_avx2(const qmat *w, const int R,
+                                                              const int BITS, const qact *a,
+                                                              float *y) {
+    const int groups = w->k / GROUP, tiles = w->n / ROW_TILE, k = w->k;
+    const int64_t tile_bytes = (BITS == 4 ? 64 : 128) * (int64_t)groups;
+    const __m256i nibble = _mm256_set1_epi8(15), flip = _mm256_set1_epi8((char)0x80);
+    #pragma omp for schedule(static)
+    for (int t = 0; t < tiles; t++) {
+        __m256 acc[MAX_ROWS][2];
+        __m128 bacc[MAX_ROWS];
+        for (int r = 0; r < R; r++) {
+            acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+            bacc[r] = _mm_setzero_ps();
+        }
+        const uint8_t *q = w->q + t * tile_bytes;
+        const uint16_t *sc = w->scale + (int64_t)t * groups * ROW_TILE;
+        const uint16_t *bi = w->bias + (int64_t)t * groups * ROW_TILE;
+        for (int g = 0; g < groups; g++) {
+            const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + g * 4)));
+            for (int half = 0; half < 2; half++) {  /* rows 0-1, then 2-3 of the tile */
+                __m256i lo, hi;
+                if (BITS == 4) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(q + g * 64 + half * 32));
+                    lo = _mm256_and_si256(v, nibble);
+                    hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                } else {
+                    lo = _mm256_xor_si256(
+                        _mm256_loadu_si256((const __m256i *)(q + g * 128 + half * 32)), flip);
+                    hi = _mm256_xor_si256(
+                        _mm256_loadu_si256((const __m256i *)(q + g * 128 + 64 + half * 32)), flip);
+                }
+                const __m256 s = _mm256_permutevar8x32_ps(
+                    _mm256_castps128_ps256(s4),
+                    _mm256_set_epi32(2 * half + 1, 2 * half + 1, 2 * half + 1, 2 * half + 1,
+                                     2 * half, 2 * half, 2 * half, 2 * half));
+                for (int r = 0; r < R; r++) {
+                    const int64_t xat = (int64_t)r * k + g * GROUP;
+                    const __m256i high = dot_pair(lo, hi, a->hi + xat, BITS == 8);
+                    const __m256i low = dot_pair(lo, hi, a->lo + xat, BITS == 8);
+                    const __m256i dot = _mm256_add_epi32(
+                        _mm256_sub_epi32(_mm256_slli_epi32(high, 7), high), low);
+                    acc[r][half] = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(dot),
+                        _mm256_mul_ps(s, _mm256_set1_ps(a->d[r * groups + g])), acc[r][half]);
+                }
+            }
+            if (BITS == 4) {
+                const __m128 b4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(bi + g * 4)));
+                for (int r = 0; r < R; r++)
+                    bacc[r] = _mm_fmadd_ps(b4, _mm_set1_ps(a->sum[r * groups + g]), bacc[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            /* lanes: acc[r][0] rows 0 | 1, acc[r][1] rows 2 | 3, four lanes each */
+            const __m256 pairs = _mm256_hadd_ps(acc[r][0], acc[r][1]);
+            const __m256 sums = _mm256_hadd_ps(pairs, pairs);  /* [0, 2, 0, 2 | 1, 3, 1, 3] */
+            const __m128 rows4 = _mm_unpacklo_ps(_mm256_castps256_ps128(sums),
+                                                 _mm256_extractf128_ps(sums, 1));
+            _mm_storeu_ps(y + (int64_t)r * w->n + t * ROW_TILE, _mm_add_ps(rows4, bacc[r]));
+        }
+    }
+}
+
+#define AVX2_CASE(R) case R: \
+    if (w->bits == 4) matvec_avx2(w, R, 4, a, y); else matvec_avx2(w, R, 8, a, y); break;
+
+static void matvec(const qmat *w, int rows, const qact *a, float *y) {
+    switch (rows) {
+        AVX2_CASE(1) AVX2_CASE(2) AVX2_CASE(3) AVX2_CASE(4)
+        AVX2_CASE(5) AVX2_CASE(6) AVX2_CASE(7) AVX2_CASE(8)
     }
 }
 #else
@@ -571,11 +667,14 @@ int bw_matvec(const qmat *w, int rows, const float *x, float *y, float *scratch,
     return 0;
 }
 
-/* 1 where the products run on AVX-512 VNNI, 0 where on the portable loop. */
-int bw_uses_vnni(void) {
-#ifdef VNNI
-    return 1;
+/* What the products run on: "avx512-vnni", "avx2", or "portable" (decoder.py builds the step
+ * on the first two). */
+const char *bw_products(void) {
+#if defined(VNNI)
+    return "avx512-vnni";
+#elif defined(AVX2_DOT)
+    return "avx2";
 #else
-    return 0;
+    return "portable";
 #endif
 }

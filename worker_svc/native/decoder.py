@@ -142,19 +142,20 @@ class NativeDecoder:
             reason = f"head_dim {cfg.head_dim} is not a multiple of 16 up to {MAX_HEAD_DIM}"
         if reason is None and model.cos_sin.shape[1] != cfg.head_dim:
             reason = "rotary covers part of each head only"
-        if reason is None and where_faster and not library.has_vnni():
-            reason = ("this CPU has no AVX-512 VNNI, without which the native step measured "
-                      "slower than the torch path")
         if reason is not None:
             logger.info("native CPU decode off: %s", reason)
             return None
         lib = library.load()
+        if lib is not None and where_faster and lib.bw_products() == b"portable":
+            logger.info("native CPU decode off: this CPU has neither AVX-512 VNNI nor AVX2, "
+                        "where the step's portable loop is slower than the torch path")
+            return None
         return None if lib is None else cls(lib, model, stored, max_model_len)
 
-    @staticmethod
-    def describe() -> str:
+    def describe(self) -> str:
+        products = self.lib.bw_products().decode()
         return (f"decode steps of up to {MAX_ROWS} rows: one native call (the stored weights "
-                "as they are, times activations quantized to int8 per group of 32)")
+                f"as they are, times inputs as two int8 digits per group of 32, on {products})")
 
     def _floats(self, t: torch.Tensor) -> int:
         t = t.detach().float().contiguous()

@@ -25,7 +25,7 @@ from batchwire.common.model_files import cache_root
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode.c")
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
+FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=gnu11", "-Wno-psabi"]
 
 
 class QMat(ctypes.Structure):
@@ -74,22 +74,17 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def has_vnni() -> bool:
-    """Whether this CPU has AVX-512 with VNNI, where decode.c multiplies the weights as bytes
-    (vpdpbusd). Without it the step runs a portable loop that computes the same but measured
-    slower than the torch path (docs/performance.md)."""
-    flags = f" {_cpu_flags()} "
-    return all(f" {flag} " in flags for flag in ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"))
-
-
-def load() -> ctypes.CDLL | None:
-    """The compiled decode library, or None (with the reason logged) where it cannot be built."""
+def load(march: str = "native") -> ctypes.CDLL | None:
+    """The compiled decode library, or None (with the reason logged) where it cannot be built.
+    march: the compiler's -march; tests build "haswell" (AVX2) and "x86-64" (the portable
+    loop) too, so that every form of the products is checked on any x86 machine."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         logger.info("native CPU decode off: no C compiler (cc, gcc or $CC) on PATH")
         return None
     source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _cpu_flags().encode() +
+    flags = [*FLAGS, f"-march={march}"]
+    key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_flags().encode() +
                          compiler.encode()).hexdigest()[:16]
     target = cache_dir() / f"decode-{key}.so"
     if not target.exists():
@@ -97,7 +92,7 @@ def load() -> ctypes.CDLL | None:
         # a half-written file.
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
         os.close(fd)
-        done = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"],
+        done = subprocess.run([compiler, *flags, "-o", tmp, str(SOURCE), "-lm"],
                               capture_output=True, text=True)
         if done.returncode != 0:
             os.unlink(tmp)
@@ -116,7 +111,7 @@ def load() -> ctypes.CDLL | None:
     lib.bw_matvec.restype = ctypes.c_int
     lib.bw_matvec.argtypes = [ctypes.POINTER(QMat), ctypes.c_int, ctypes.c_void_p,
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
-    lib.bw_uses_vnni.restype = ctypes.c_int
+    lib.bw_products.restype = ctypes.c_char_p
     lib.bw_scratch_floats.restype = ctypes.c_int64
     lib.bw_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
     return lib

@@ -78,8 +78,8 @@ class Worker:
             config.served_quantization,
             build_native if serves_native else None,
         )
-        if self.model.native is not None:
-            served += f"; {NativeDecoder.describe()}"
+        if isinstance(self.model.native, NativeDecoder):
+            served += f"; {self.model.native.describe()}"
         self.weights = describe_weights(self.model_path, config.dtype, served)
         if config.batch_invariant:
             enable_batch_invariant(self.model)
