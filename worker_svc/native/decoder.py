@@ -2,9 +2,10 @@
 
 `NativeDecoder.build` takes the model while its parameters are still float32 (the norms as the
 file stores them) and the quantized weights as the loader read them (the Worker asks for it
-through load_model's before_cast), and lays them out for the C step: 4-bit codes two per byte
-with float32 scales and biases per group of 32, 8-bit codes moved to unsigned bytes with float32
-scales (GGUF's Q4_0, Q4_1 and Q8_0 without loss: their fp16 scales are exact in float32). The
+through load_model's before_cast), and lays them out for the C step: rows in tiles of four,
+4-bit codes two per byte with float16 scales and biases per group of 32, 8-bit codes moved to
+unsigned bytes with float16 scales (GGUF's Q4_0, Q4_1 and Q8_0 without loss: GGUF stores its
+scales in float16; a checkpoint quantized at load loses their rounding to float16). The
 model's forward hands it steps whose every row is one decode token (`_native_serves` in
 models/llama.py); prefill, drafts, LoRA and the rest stay on the torch path.
 """

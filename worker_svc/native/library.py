@@ -1,7 +1,7 @@
 """Compiles decode.c with this machine's C compiler, once per source and CPU, and loads it.
 
 The library is built at first use rather than shipped: `-march=native` makes it fit the CPU it
-runs on (AVX-512 where there is AVX-512, AVX2 elsewhere), and a C file builds in under a second.
+runs on (AVX-512 VNNI where there is, AVX2 elsewhere), and a C file builds in about a second.
 It goes into batchwire's cache folder (~/.cache/batchwire/native), keyed by the source, the
 flags and the CPU's feature flags; a worker that finds it there only loads it. It links OpenMP
 by the soname torch's own libgomp already holds in the process, so the two share one runtime
