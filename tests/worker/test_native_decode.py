@@ -184,6 +184,45 @@ def test_each_product_is_the_rounded_input_times_the_stored_weight(bits, march):
                                    msg=f"{rows} rows")
 
 
+def prefill_metadata(lengths: list[int], tables: list[list[int]], block: int
+                     ) -> AttentionMetadata:
+    """Each request's first `length` tokens in one step (the torch path's prefill)."""
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    seq = np.array(lengths, dtype=np.int32)
+    table = np.array(tables, dtype=np.int32)
+    slots = np.concatenate([table[r, np.arange(n) // block] * block + np.arange(n) % block
+                            for r, n in enumerate(lengths)])
+    return AttentionMetadata(
+        num_actual_tokens=int(qsl[-1]), query_start_loc=torch.from_numpy(qsl),
+        seq_lens=torch.from_numpy(seq), block_table=torch.from_numpy(table),
+        slot_mapping=torch.from_numpy(slots.astype(np.int64)), max_query_len=max(lengths),
+        max_seq_len=max(lengths), query_start_loc_cpu=qsl, seq_lens_cpu=seq,
+    )  # fmt: skip
+
+
+def test_attention_over_contexts_of_several_chunks(float32_native):
+    """Contexts of 300, 129 and 17 tokens (3, 2 and 1 chunks of 128 positions, in blocks laid
+    out backwards): one native decode step after a torch prefill gives the torch path's logits,
+    its inputs rounded alike."""
+    worker, native, _ = float32_native
+    model, block = worker.model, worker.config.block_size
+    lengths = [300, 129, 17]
+    width = -(-(max(lengths) + 1) // block)
+    tables = [[1 + r + 3 * (width - 1 - i) for i in range(width)] for r in range(3)]
+    torch.manual_seed(1)
+    prompts = [torch.randint(100, 10_000, (n,)).tolist() for n in lengths]
+    model.native = None
+    step_logits(model, sum(prompts, []), [p for n in lengths for p in range(n)],
+                prefill_metadata(lengths, tables, block))
+    ids, metadata = [7, 8, 9], decode_metadata(lengths, tables, block)
+    with rounded_inputs(model):
+        reference = step_logits(model, ids, lengths, metadata)
+    model.native = native
+    ours = step_logits(model, ids, lengths, metadata)
+    assert torch.equal(ours.argmax(-1), reference.argmax(-1))
+    assert float((ours - reference).abs().max()) < 2e-2
+
+
 def test_prefill_and_multi_token_steps_stay_on_the_torch_path(float32_native, monkeypatch):
     worker, native, _ = float32_native
     model = worker.model
