@@ -24,6 +24,7 @@ from batchwire.benchmarks.offline.offline_w64 import (
 from batchwire.benchmarks.offline.step_profile import PARTS, profile_step
 from batchwire.benchmarks.shared.cases import (
     async_setting,
+    cpu_decode_cases,
     mode_setting,
     quantization_cases,
 )
@@ -48,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantization", default="auto", help="the weights' --quantization, or a "
                    "comma-separated list to measure each (e.g. auto,none: the quantized "
                    "default beside the de-quantised reference; default: %(default)s)")
+    p.add_argument("--cpu-decode", default="native", help="the workers' --cpu-decode, or a "
+                   "comma-separated list to measure each (e.g. native,torch: the native decode "
+                   "step and attention beside the torch path; default: %(default)s)")
     p.add_argument("--batch-invariant", action="store_true", help="also run each transport "
                    "in batch-invariant mode, in turns with the default (`uni invariant`)")
 
@@ -83,7 +87,8 @@ def run(args: argparse.Namespace) -> None:
     transports = [t for t in args.transports.split(",") if t]
     if args.batch_invariant:
         transports += [f"{t} invariant" for t in transports]
-    transports = quantization_cases(transports, args.quantization)
+    transports = cpu_decode_cases(quantization_cases(transports, args.quantization),
+                                  args.cpu_decode)
     engines = {t: LLM(executor_backend=t.split()[0], **async_setting(t), **mode_setting(t),
                       **settings) for t in transports}
     configs: dict[str, Callable[[], float]] = {}

@@ -41,3 +41,20 @@ def test_latency_defaults_are_what_its_help_says():
     for option, default in (("--input-len", "128"), ("--long-input-len", "512"),
                             ("--output-lens", "128,1024"), ("--llama-server", "none")):
         assert re.search(rf"{option} \S+ .*?\(default: {default}", help_text), option
+
+
+def test_throughput_measures_the_engines_own_weights_and_decode_step_by_default():
+    """W64 with the quantized default and the native decode step, as `serve` runs; lists of
+    either measure each beside the other in one run, and name the cases so."""
+    from batchwire.benchmarks.shared.cases import cpu_decode_cases, mode_setting, quantization_cases
+
+    parser, sub = sub_parser("throughput")
+    args = parser.parse_args(["throughput"])
+    assert (args.quantization, args.cpu_decode) == ("auto", "native")
+    help_text = " ".join(sub.format_help().split())
+    for option, default in (("--quantization", "auto"), ("--cpu-decode", "native")):
+        assert re.search(rf"{option} \S+ .*?default: {default}\)", help_text), option
+    cases_ = cpu_decode_cases(quantization_cases(["uni"], "auto,none"), "native,torch")
+    assert cases_ == ["uni", "uni quant=none", "uni decode=torch", "uni quant=none decode=torch"]
+    assert mode_setting("uni quant=none decode=torch") == {"quantization": "none",
+                                                           "cpu_decode": "torch"}

@@ -28,7 +28,13 @@ from worker_svc.loaders.weights import load_weights
 from worker_svc.models.forward_context import set_forward_context
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.native import library
-from worker_svc.native.decoder import NativeDecoder, pack_int4, pack_int8, unpack
+from worker_svc.native.decoder import (
+    NativeAttention,
+    NativeDecoder,
+    pack_int4,
+    pack_int8,
+    unpack,
+)
 from worker_svc.quant.blocks import INT4_OFFSET, QuantizedWeight, quantize_int4
 
 # Each more than a block (16 tokens) long, so that the steps cross into a row's second block.
@@ -221,6 +227,41 @@ def test_attention_over_contexts_of_several_chunks(float32_native):
     ours = step_logits(model, ids, lengths, metadata)
     assert torch.equal(ours.argmax(-1), reference.argmax(-1))
     assert float((ours - reference).abs().max()) < 2e-2
+
+
+def test_decode_steps_of_more_rows_attend_natively(float32_native):
+    """A decode step of 12 rows (more than the native step takes) runs on the torch path with
+    its attention in decode.c, reading the cache in place: the torch kernel's logits up to
+    summation order. A step with a prompt chunk goes to the torch kernel."""
+    worker, native, _ = float32_native
+    model, block = worker.model, worker.config.block_size
+    lengths = [5, 17, 40, 128, 129, 200, 300, 31, 64, 90, 250, 3]
+    rows, width = len(lengths), -(-(max(lengths) + 1) // block)
+    tables = [[1 + r + rows * (width - 1 - i) for i in range(width)] for r in range(rows)]
+    torch.manual_seed(2)
+    prompts = [torch.randint(100, 10_000, (n,)).tolist() for n in lengths]
+    kernels = [attention.attend for attention in model.attention_layers()]
+    model.native = None
+    try:
+        step_logits(model, sum(prompts, []), [p for n in lengths for p in range(n)],
+                    prefill_metadata(lengths, tables, block))
+        ids, metadata = list(range(200, 200 + rows)), decode_metadata(lengths, tables, block)
+        reference = step_logits(model, ids, lengths, metadata)
+        NativeAttention.install(native, model)
+        calls = []
+        monkeypatch_attend = native.attend
+        native.attend = lambda *a: calls.append(a[0]) or monkeypatch_attend(*a)
+        ours = step_logits(model, ids, lengths, metadata)
+        assert len(calls) == len(kernels)  # every layer, natively
+        calls.clear()
+        step_logits(model, [1, 2, 3], [0, 1, 2], prefill_metadata([3], [tables[0]], block))
+        assert calls == []  # a prompt chunk: the torch kernel
+    finally:
+        native.__dict__.pop("attend", None)
+        for attention, kernel in zip(model.attention_layers(), kernels, strict=True):
+            attention.attend = kernel
+    assert torch.equal(ours.argmax(-1), reference.argmax(-1))
+    torch.testing.assert_close(ours, reference, rtol=0, atol=2e-3)
 
 
 def test_prefill_and_multi_token_steps_stay_on_the_torch_path(float32_native, monkeypatch):

@@ -506,6 +506,52 @@ static void combine_chunks(int chunks, int D, const float *part, int64_t stride,
     for (int i = 0; i < D; i++) out[i] /= total;
 }
 
+/* Floats of scratch attend_rows takes for `rows` rows and `threads` threads: each head's part
+ * of each chunk, and each thread's scores. */
+static int64_t attention_floats(const model_t *m, int rows, int threads) {
+    const int64_t chunks = (m->max_seq_len + CHUNK - 1) / CHUNK;
+    return rows * (int64_t)m->num_heads * chunks * (2 + m->head_dim) +
+           (int64_t)threads * m->num_heads * CHUNK;
+}
+
+/* Attention of `rows` decode rows of layer l, inside the caller's OpenMP team: row r's query
+ * heads at q + r * q_stride (rotated; this step's K/V already in the cache), its output heads
+ * at out + r * num_heads * head_dim. Work items are (row, KV head, chunk of CHUNK positions),
+ * so that even one row's context is shared among the threads; then each head's chunks join. */
+static void attend_rows(const model_t *m, const layer_t *l, int rows, const float *q,
+                        int64_t q_stride, const int32_t *block_table, int table_width,
+                        const int32_t *seq_lens, float *out, float *scratch) {
+    const int D = m->head_dim, NH = m->num_heads, NKV = m->num_kv_heads, group = NH / NKV;
+    const int chunks_max = (m->max_seq_len + CHUNK - 1) / CHUNK;
+    const int64_t part_size = 2 + D;  /* one head's part of one chunk */
+    float *parts = scratch;           /* [rows, NKV, chunks_max, group, part_size] */
+    float *scores = parts + rows * (int64_t)NH * chunks_max * part_size;  /* [threads, group,
+                                                                             CHUNK] */
+    int step_chunks = 0;  /* the most chunks of any row this step */
+    for (int r = 0; r < rows; r++)
+        if ((seq_lens[r] + CHUNK - 1) / CHUNK > step_chunks)
+            step_chunks = (seq_lens[r] + CHUNK - 1) / CHUNK;
+    #pragma omp for schedule(dynamic, 1)
+    for (int item = 0; item < rows * NKV * step_chunks; item++) {
+        const int c = item % step_chunks, kv_head = item / step_chunks % NKV;
+        const int r = item / (step_chunks * NKV), t0 = c * CHUNK;
+        if (t0 >= seq_lens[r]) continue;
+        const int t1 = t0 + CHUNK < seq_lens[r] ? t0 + CHUNK : seq_lens[r];
+        attend_chunk(m, l, block_table + (int64_t)r * table_width, t0, t1,
+                     q + r * q_stride + kv_head * group * D, kv_head, group,
+                     scores + (int64_t)omp_get_thread_num() * group * CHUNK,
+                     parts + (((int64_t)r * NKV + kv_head) * chunks_max + c) * group * part_size);
+    }
+    #pragma omp for schedule(static)
+    for (int item = 0; item < rows * NH; item++) {
+        const int r = item / NH, head = item % NH, kv_head = head / group;
+        combine_chunks((seq_lens[r] + CHUNK - 1) / CHUNK, D,
+                       parts + ((int64_t)r * NKV + kv_head) * chunks_max * group * part_size +
+                           (head % group) * part_size,
+                       group * part_size, out + (int64_t)r * NH * D + head * D);
+    }
+}
+
 /* Floats of scratch a quantized input of `rows` rows of k features takes. */
 static int64_t qact_floats(int rows, int64_t k) { return rows * k / 2 + 2 * rows * k / GROUP; }
 
@@ -528,10 +574,8 @@ int64_t bw_scratch_floats(const model_t *m, int rows, int threads) {
     const int64_t qkv = (int64_t)(m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
     const int64_t widest = 2 * (int64_t)m->intermediate > qkv ? 2 * (int64_t)m->intermediate : qkv;
     const int64_t k_max = widest_input(m);
-    const int64_t chunks = (m->max_seq_len + CHUNK - 1) / CHUNK;
     return rows * (2 * (int64_t)m->hidden + widest + k_max) + qact_floats(rows, k_max) +
-           rows * (int64_t)m->num_heads * chunks * (2 + m->head_dim) +
-           (int64_t)threads * m->num_heads * CHUNK;
+           attention_floats(m, rows, threads);
 }
 
 /* Every layer of `rows` decode rows. x [rows, hidden]: the embedded tokens in, the final-normed
@@ -542,7 +586,8 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
               float *scratch, int threads) {
     if (rows < 1 || rows > MAX_ROWS || rows > m->max_rows) return -1;
     for (int r = 0; r < rows; r++)
-        if (seq_lens[r] < 1 || seq_lens[r] > m->max_seq_len || positions[r] != seq_lens[r] - 1)
+        if (seq_lens[r] < 1 || seq_lens[r] > m->max_seq_len || positions[r] != seq_lens[r] - 1 ||
+            (seq_lens[r] - 1) / m->block_size >= table_width)
             return -1;
     const int H = m->hidden, D = m->head_dim, NH = m->num_heads, NKV = m->num_kv_heads;
     const int QKV = (NH + 2 * NKV) * D, I = m->intermediate;
@@ -555,15 +600,7 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
     float *act = wide + (int64_t)rows * widest;    /* [rows, k_max] attention out / silu(g)*u */
     qact in;                                       /* the quantized input of a product */
     carve_qact(act + rows * k_max, rows, k_max, &in);
-    const int group = NH / NKV, chunks_max = (m->max_seq_len + CHUNK - 1) / CHUNK;
-    const int64_t part_size = 2 + D;               /* one head's part of one chunk */
-    float *parts = act + rows * k_max + qact_floats(rows, k_max);  /* [rows, NKV, chunks_max,
-                                                                      group, part_size] */
-    float *scores = parts + rows * (int64_t)NH * chunks_max * part_size;  /* [threads, group,
-                                                                             CHUNK] */
-    int step_chunks = 0;                           /* the most chunks of any row this step */
-    for (int r = 0; r < rows; r++)
-        if ((seq_lens[r] + CHUNK - 1) / CHUNK > step_chunks) step_chunks = (seq_lens[r] + CHUNK - 1) / CHUNK;
+    float *attention_scratch = act + rows * k_max + qact_floats(rows, k_max);
 
     #pragma omp parallel num_threads(threads)
     {
@@ -586,26 +623,8 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
                     write_cache(m, l->v_cache, g, slot, row + (NH + NKV + g) * D);
                 }
             }
-            #pragma omp for schedule(dynamic, 1)
-            for (int item = 0; item < rows * NKV * step_chunks; item++) {
-                const int c = item % step_chunks, kv_head = item / step_chunks % NKV;
-                const int r = item / (step_chunks * NKV), t0 = c * CHUNK;
-                if (t0 >= seq_lens[r]) continue;
-                const int t1 = t0 + CHUNK < seq_lens[r] ? t0 + CHUNK : seq_lens[r];
-                attend_chunk(m, l, block_table + (int64_t)r * table_width, t0, t1,
-                             wide + (int64_t)r * QKV + kv_head * group * D, kv_head, group,
-                             scores + (int64_t)omp_get_thread_num() * group * CHUNK,
-                             parts + (((int64_t)r * NKV + kv_head) * chunks_max + c) * group *
-                                         part_size);
-            }
-            #pragma omp for schedule(static)
-            for (int item = 0; item < rows * NH; item++) {
-                const int r = item / NH, head = item % NH, kv_head = head / group;
-                combine_chunks((seq_lens[r] + CHUNK - 1) / CHUNK, D,
-                               parts + ((int64_t)r * NKV + kv_head) * chunks_max * group * part_size +
-                                   (head % group) * part_size,
-                               group * part_size, act + (int64_t)r * NH * D + head * D);
-            }
+            attend_rows(m, l, rows, wide, QKV, block_table, table_width, seq_lens, act,
+                        attention_scratch);
             #pragma omp single
             quantize_rows(rows, NH * D, act, &in);
             matvec(&l->o, rows, &in, tmp);
@@ -635,6 +654,28 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
         }
     }
     return 0;
+}
+
+/* Attention alone, for the torch path's steps of more decode rows than bw_decode takes:
+ * q [rows, num_heads * head_dim] float32 (rotated; this step's K/V already written by the
+ * torch path), out likewise; scratch: bw_attention_floats(m, rows, threads). Returns 0, or -1
+ * when the arguments do not fit. */
+int bw_attend(const model_t *m, int layer, int rows, const float *q, const int32_t *block_table,
+              int table_width, const int32_t *seq_lens, float *out, float *scratch,
+              int threads) {
+    if (rows < 1 || layer < 0 || layer >= m->num_layers) return -1;
+    for (int r = 0; r < rows; r++)
+        if (seq_lens[r] < 1 || seq_lens[r] > m->max_seq_len ||
+            (seq_lens[r] - 1) / m->block_size >= table_width)
+            return -1;
+    #pragma omp parallel num_threads(threads)
+    attend_rows(m, &m->layers[layer], rows, q, (int64_t)m->num_heads * m->head_dim,
+                block_table, table_width, seq_lens, out, scratch);
+    return 0;
+}
+
+int64_t bw_attention_floats(const model_t *m, int rows, int threads) {
+    return attention_floats(m, rows, threads);
 }
 
 /* logits [rows, vocab] = lm_head(h [rows, hidden]), in float32. */

@@ -16,8 +16,9 @@ import ctypes
 import logging
 
 import torch
+from batchwire.kernels import AttentionMetadata
 
-from worker_svc.models.llama import LlamaForCausalLM
+from worker_svc.models.llama import AttendFn, LlamaForCausalLM
 from worker_svc.native import library
 from worker_svc.quant.blocks import GROUP, INT4_OFFSET, QuantizedWeight
 
@@ -126,6 +127,7 @@ class NativeDecoder:
             lm_head=self._qmat(stored["lm_head.weight"]))
         self._cache_ptr = 0
         self._scratch = torch.empty(lib.bw_scratch_floats(self.model, MAX_ROWS, MAX_THREADS))
+        self._attention_scratch = torch.empty(0)  # grown to the largest step bw_attend served
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, stored: dict[str, QuantizedWeight],
@@ -216,6 +218,32 @@ class NativeDecoder:
                              f"{positions.tolist()} with context lengths {seq_lens.tolist()}")
         return x
 
+    def attend(self, layer: int, query: torch.Tensor, metadata: AttentionMetadata
+               ) -> torch.Tensor:
+        """Layer `layer`'s attention for a step of decode rows only, any number of them:
+        query [R, heads, head_dim] (rotated; the torch path wrote this step's K/V) -> the output
+        in query's dtype, read from the cache in place."""
+        self._attach_cache()
+        rows = metadata.num_reqs
+        q = query[:rows].reshape(rows, -1).float().contiguous()
+        out = torch.empty_like(q)
+        block_table = metadata.block_table[:rows].to(torch.int32).contiguous()
+        seq_lens = metadata.seq_lens[:rows].to(torch.int32).contiguous()
+        threads = min(torch.get_num_threads(), MAX_THREADS)
+        need = self.lib.bw_attention_floats(self.model, rows, threads)
+        if self._attention_scratch.numel() < need:
+            self._attention_scratch = torch.empty(need)
+        code = self.lib.bw_attend(
+            self.model, layer, rows, q.data_ptr(), block_table.data_ptr(), block_table.shape[1],
+            seq_lens.data_ptr(), out.data_ptr(), self._attention_scratch.data_ptr(), threads)
+        if code != 0:
+            raise ValueError(f"native attention refused {rows} rows with context lengths "
+                             f"{seq_lens.tolist()}")
+        result = out.view(rows, *query.shape[1:]).to(query.dtype)
+        if rows < query.shape[0]:  # padding rows: defined, never read
+            result = torch.cat([result, query.new_zeros(query.shape[0] - rows, *query.shape[1:])])
+        return result
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [R, hidden] -> float32 logits [R, vocab], from the stored LM head."""
         hidden = hidden.float().contiguous()
@@ -227,3 +255,25 @@ class NativeDecoder:
             self.lib.bw_lm_head(self.model, part.shape[0], part.data_ptr(),
                                 out[start].data_ptr(), self._scratch.data_ptr(), threads)
         return out
+
+
+class NativeAttention:
+    """An Attention module's kernel (`attend`, models/llama.py) that runs steps of decode rows
+    only in decode.c, reading the paged cache in place, where the torch path gathers each
+    group's blocks into new tensors per layer (48% of a 64-row step on the Intel Xeon of
+    docs/performance.md). Steps with a prompt chunk go to the kernel it replaces."""
+
+    def __init__(self, decoder: NativeDecoder, layer: int, fallback: AttendFn) -> None:
+        self.decoder, self.layer, self.fallback = decoder, layer, fallback
+
+    def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 metadata: AttentionMetadata, scale: float) -> torch.Tensor:
+        if metadata.max_query_len != 1 or metadata.num_actual_tokens != metadata.num_reqs:
+            return self.fallback(query, k_cache, v_cache, metadata, scale)
+        return self.decoder.attend(self.layer, query, metadata)
+
+    @staticmethod
+    def install(decoder: NativeDecoder, model: LlamaForCausalLM) -> None:
+        """Every attention layer of the model on the native kernel for decode-only steps."""
+        for i, attention in enumerate(model.attention_layers()):
+            attention.attend = NativeAttention(decoder, i, attention.attend)

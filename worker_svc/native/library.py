@@ -112,6 +112,12 @@ def load(march: str = "native") -> ctypes.CDLL | None:
     lib.bw_matvec.argtypes = [ctypes.POINTER(QMat), ctypes.c_int, ctypes.c_void_p,
                               ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
     lib.bw_products.restype = ctypes.c_char_p
+    lib.bw_attend.restype = ctypes.c_int
+    lib.bw_attend.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                              ctypes.c_void_p, ctypes.c_int]
+    lib.bw_attention_floats.restype = ctypes.c_int64
+    lib.bw_attention_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
     lib.bw_scratch_floats.restype = ctypes.c_int64
     lib.bw_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
     return lib

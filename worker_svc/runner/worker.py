@@ -13,7 +13,7 @@ from batchwire.v1 import worker_pb2
 from worker_svc.batch_invariant import enable as enable_batch_invariant
 from worker_svc.loaders.weights import load_model
 from worker_svc.models.llama import LlamaForCausalLM
-from worker_svc.native.decoder import NativeDecoder
+from worker_svc.native.decoder import NativeAttention, NativeDecoder
 from worker_svc.parallel.tensor_parallel import init_distributed, leave_distributed_group
 from worker_svc.quant.blocks import QuantizedWeight
 from worker_svc.runner.model_runner import ModelRunner
@@ -63,7 +63,9 @@ class Worker:
 
         def build_native(model: LlamaForCausalLM, stored: dict[str, QuantizedWeight]) -> None:
             # A plain attribute: the cast to the serving dtype that follows leaves it alone.
-            model.native = NativeDecoder.build(model, stored, config.max_model_len)
+            native = model.native = NativeDecoder.build(model, stored, config.max_model_len)
+            if native is not None:  # decode steps of more rows attend natively too
+                NativeAttention.install(native, model)
 
         # The native decode step serves a whole model's quantized weights, unsharded.
         serves_native = (config.cpu_decode == "native" and config.served_quantization == "native"
