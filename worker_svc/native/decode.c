@@ -467,17 +467,28 @@ static inline __attribute__((always_inline)) void attend_chunk_v(
         for (int t = 0; t < n; t++) total += s[t];
         head[0] = top;
         head[1] = total;
-        f32x16 out[MAX_HEAD_DIM / 16];
-        for (int i = 0; i < V; i++) out[i] = (f32x16){0};
+    }
+    /* The weighted V rows: each row converted once for up to four heads, whose sums stay in
+     * registers (the loop over h unrolls: its bound is a constant, `group` a guard). */
+    for (int h0 = 0; h0 < group; h0 += 4) {
+        f32x16 out[4][MAX_HEAD_DIM / 16];
+        for (int h = 0; h < 4; h++)
+            for (int i = 0; i < V; i++) out[h][i] = (f32x16){0};
         for (int t = t0; t < t1;) {
             int first, run;
             const void *block = cache_run(m, l->v_cache, kv_head, blocks, t, t1, &first, &run);
             for (int j = 0; j < run; j++, t++) {
                 cache_floats(m, block, first + j, V, row);
-                for (int i = 0; i < V; i++) out[i] += row[i] * s[t - t0];
+                #pragma GCC unroll 4
+                for (int h = 0; h < 4; h++) {
+                    if (h0 + h >= group) break;
+                    const float p = scores[(h0 + h) * CHUNK + t - t0];
+                    for (int i = 0; i < V; i++) out[h][i] += row[i] * p;
+                }
             }
         }
-        for (int i = 0; i < V; i++) store16(head + 2 + 16 * i, out[i]);
+        for (int h = 0; h < 4 && h0 + h < group; h++)
+            for (int i = 0; i < V; i++) store16(part + (h0 + h) * (2 + D) + 2 + 16 * i, out[h][i]);
     }
 }
 
