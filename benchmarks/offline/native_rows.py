@@ -50,6 +50,10 @@ def main() -> None:
     model, native = worker.model, worker.model.native
     if native is None:
         raise SystemExit("no native step here (see the worker's log line for why)")
+    # The torch path as --cpu-decode torch runs it: its own attention kernel too.
+    layers = model.attention_layers()
+    kernels = {"native": [a.attend for a in layers],
+               "torch": [getattr(a.attend, "fallback", a.attend) for a in layers]}
     block = worker.config.block_size
     position = args.context - 1
     print(f"decode steps at context {args.context}, {args.threads} threads; medians of "
@@ -62,12 +66,16 @@ def main() -> None:
             for _ in range(args.rounds):
                 for name, path in (("native", native), ("torch", None)):
                     model.native = path
+                    for attention, kernel in zip(layers, kernels[name], strict=True):
+                        attention.attend = kernel
                     model.compute_logits(model(ids, positions))  # warm-up
                     start = time.perf_counter()
                     for _ in range(args.steps):
                         model.compute_logits(model(ids, positions))
                     times[name].append((time.perf_counter() - start) / args.steps * 1e3)
         model.native = native
+        for attention, kernel in zip(layers, kernels["native"], strict=True):
+            attention.attend = kernel
         n, t = statistics.median(times["native"]), statistics.median(times["torch"])
         print(f"  {rows} rows: native {n:.1f} ms, torch {t:.1f} ms, native {t / n:.2f}x as "
               f"fast (rounds: native {', '.join(f'{x:.1f}' for x in times['native'])}; torch "
