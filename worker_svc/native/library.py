@@ -82,7 +82,8 @@ def load(march: str = "native") -> ctypes.CDLL | None:
     if compiler is None:
         logger.info("native CPU decode off: no C compiler (cc, gcc or $CC) on PATH")
         return None
-    source = SOURCE.read_bytes()
+    # decode.c and the parts it includes (common.h, products.h, attention.h): any edit rebuilds.
+    source = b"".join(path.read_bytes() for path in [SOURCE, *sorted(SOURCE.parent.glob("*.h"))])
     flags = [*FLAGS, f"-march={march}"]
     key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_flags().encode() +
                          compiler.encode()).hexdigest()[:16]
