@@ -39,7 +39,30 @@ print("top-level:", sorted(n for n in os.listdir(site) if not n.endswith((".pth"
 print("kernels spec:", importlib.util.find_spec("kernels"))
 print("benchmarks spec:", importlib.util.find_spec("benchmarks"))
 print("LLM:", LLM.__module__, SamplingParams(max_tokens=3).max_tokens, len(w64()))
+missing = [name for name in PACKAGES if importlib.util.find_spec(name) is None
+           or not importlib.util.find_spec(name).origin.startswith(site)]
+assert not missing, f"not in the wheel: {missing}"  # every package folder of the repository
+native = os.path.dirname(importlib.util.find_spec("worker_svc.native").origin)
+print("native sources:", sorted(n for n in os.listdir(native) if n.endswith((".c", ".h"))))
 """
+
+# Where each repository folder installs (pyproject.toml's package-dir).
+INSTALLED_AS = {"protos/batchwire": "batchwire", "common": "batchwire.common",
+                "kernels": "batchwire.kernels", "benchmarks": "batchwire.benchmarks"}
+
+
+def repository_packages() -> list[str]:
+    """Every folder of the repository with an __init__.py, by the name it imports as."""
+    names = []
+    for init in sorted(ROOT.glob("*/**/__init__.py")):
+        folder = init.parent.relative_to(ROOT).as_posix()
+        if folder.startswith(("tests", "deploy", ".venv", "build")):
+            continue
+        top = next((k for k in sorted(INSTALLED_AS, key=len, reverse=True)
+                    if folder == k or folder.startswith(k + "/")), None)
+        name = (INSTALLED_AS[top] + folder[len(top):] if top else folder).replace("/", ".")
+        names.append(name)
+    return names
 
 
 def copy_sources(dest: pathlib.Path) -> None:
@@ -81,11 +104,14 @@ def test_a_fresh_environment_gets_the_projects_own_import_names(tmp_path):
     # appended to sys.path; .pth files inside it, such as an editable install's, are not run).
     (pathlib.Path(purelib) / "deps.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    out = run(python, "-c", CHECK, cwd=tmp_path, env=env)
+    packages = repository_packages()
+    assert {"worker_svc.native", "batchwire.benchmarks.offline"} <= set(packages)
+    out = run(python, "-c", f"PACKAGES = {packages!r}\n{CHECK}", cwd=tmp_path, env=env)
 
     top_level = next(line for line in out.splitlines() if line.startswith("top-level:"))
     assert "'batchwire'" in top_level
     assert "'kernels'" not in top_level and "'benchmarks'" not in top_level, top_level
     assert "kernels spec: None" in out and "benchmarks spec: None" in out, out
     assert "LLM: scheduler_svc.engine.llm 3 64" in out, out
+    assert ("native sources: ['attention.h', 'common.h', 'decode.c', 'products.h']" in out), out
     assert sysconfig.get_paths()["purelib"] != purelib  # a new environment, not this one
