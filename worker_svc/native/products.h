@@ -42,6 +42,14 @@ static void quantize_rows(int rows, int k, const float *x, const qact *a) {
  * -128 * scale, so the caller passes the scales and BIAS_FACTOR(8) = -128. */
 #define BIAS_FACTOR(bits) ((bits) == 4 ? 1.f : -128.f)
 
+/* kernel(w, R, BITS, a, y) with R (rows) and BITS constants at each call site, so that the
+ * kernel's loops over rows unroll into registers. */
+#define ROWS_CASE(kernel, R) case R: \
+    if (w->bits == 4) kernel(w, R, 4, a, y); else kernel(w, R, 8, a, y); break;
+#define EACH_ROWS_AND_BITS(kernel) switch (rows) { \
+    ROWS_CASE(kernel, 1) ROWS_CASE(kernel, 2) ROWS_CASE(kernel, 3) ROWS_CASE(kernel, 4) \
+    ROWS_CASE(kernel, 5) ROWS_CASE(kernel, 6) ROWS_CASE(kernel, 7) ROWS_CASE(kernel, 8) }
+
 #ifdef VNNI
 /* Four rows' codes of one group (lo: elements 0-15 of each, hi: 16-31) times one int8 digit of
  * the input's group x: each row's sum in four lanes. */
@@ -105,14 +113,8 @@ static inline __attribute__((always_inline)) void matvec_vnni(const qmat *w, con
     }
 }
 
-#define VNNI_CASE(R) case R: \
-    if (w->bits == 4) matvec_vnni(w, R, 4, a, y); else matvec_vnni(w, R, 8, a, y); break;
-
 static void matvec(const qmat *w, int rows, const qact *a, float *y) {
-    switch (rows) {
-        VNNI_CASE(1) VNNI_CASE(2) VNNI_CASE(3) VNNI_CASE(4)
-        VNNI_CASE(5) VNNI_CASE(6) VNNI_CASE(7) VNNI_CASE(8)
-    }
+    EACH_ROWS_AND_BITS(matvec_vnni);
 }
 #elif defined(AVX2_DOT)
 /* Two rows' codes of one group (lo: elements 0-15 of each row, hi: 16-31) times one int8 digit
@@ -199,14 +201,8 @@ static inline __attribute__((always_inline)) void matvec_avx2(const qmat *w, con
     }
 }
 
-#define AVX2_CASE(R) case R: \
-    if (w->bits == 4) matvec_avx2(w, R, 4, a, y); else matvec_avx2(w, R, 8, a, y); break;
-
 static void matvec(const qmat *w, int rows, const qact *a, float *y) {
-    switch (rows) {
-        AVX2_CASE(1) AVX2_CASE(2) AVX2_CASE(3) AVX2_CASE(4)
-        AVX2_CASE(5) AVX2_CASE(6) AVX2_CASE(7) AVX2_CASE(8)
-    }
+    EACH_ROWS_AND_BITS(matvec_avx2);
 }
 #else
 static float half_to_float(uint16_t h) {
