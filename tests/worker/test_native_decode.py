@@ -102,6 +102,14 @@ def round_to_digits(x: torch.Tensor) -> torch.Tensor:
     return ((127 * hi + lo) * (e / 127)).reshape(x.shape)
 
 
+def same_top_token(ours: torch.Tensor, reference: torch.Tensor, tolerance: float) -> bool:
+    """Each row's top token is the reference's, or one the reference puts within `tolerance` of
+    its top logit: a near-tie that differences within the tolerance may flip (steps of these
+    prompts have top-2 margins of 0.0024 in float32)."""
+    chosen = reference.gather(-1, ours.argmax(-1, keepdim=True)).squeeze(-1)
+    return bool((chosen >= reference.max(-1).values - tolerance).all())
+
+
 @contextlib.contextmanager
 def rounded_inputs(model):
     """The torch path with each projection's input (q|k|v, o, gate|up, down, LM head) rounded
@@ -138,7 +146,7 @@ def test_native_steps_give_the_torch_paths_logits_in_float32(float32_native, def
         model.native = native
         ours = step_logits(model, ids, [t] * rows, metadata)
         assert ours.dtype == torch.float32 and ours.shape == reference.shape
-        assert torch.equal(ours.argmax(-1), reference.argmax(-1)), f"step {t}"
+        assert same_top_token(ours, reference, 2e-2), f"step {t}"
         worst = max(worst, float((ours - reference).abs().max()))
     print(f"\n{rows} rows, {steps} steps: largest logit difference {worst:.2e}")
     # Not summation order alone: where the paths' floats differ in the last bit, a low digit
@@ -225,7 +233,7 @@ def test_attention_over_contexts_of_several_chunks(float32_native):
         reference = step_logits(model, ids, lengths, metadata)
     model.native = native
     ours = step_logits(model, ids, lengths, metadata)
-    assert torch.equal(ours.argmax(-1), reference.argmax(-1))
+    assert same_top_token(ours, reference, 2e-2)
     assert float((ours - reference).abs().max()) < 2e-2
 
 
@@ -260,7 +268,7 @@ def test_decode_steps_of_more_rows_attend_natively(float32_native):
         native.__dict__.pop("attend", None)
         for attention, kernel in zip(model.attention_layers(), kernels, strict=True):
             attention.attend = kernel
-    assert torch.equal(ours.argmax(-1), reference.argmax(-1))
+    assert same_top_token(ours, reference, 2e-3)
     torch.testing.assert_close(ours, reference, rtol=0, atol=2e-3)
 
 
@@ -364,7 +372,9 @@ def test_through_the_runner_a_refused_step_and_a_cancelled_request_leave_the_res
     def run(path, prefix: str, first_block: int) -> list[int]:
         model.native = path
         a, b = f"{prefix}a", f"{prefix}b"
-        prompts = {a: list(range(10, 18)), b: list(range(40, 48))}
+        # a's greedy tokens have top-2 margins of 0.07 or more in float32 on the torch path:
+        # well above what the native step's rounding moves a logit (< 2e-2, tests above).
+        prompts = {a: list(range(40, 48)), b: list(range(10, 18))}
         tokens = runner_step(runner, new=[pb.NewRequestData(
             req_id=r, prompt_token_ids=p, sampling=greedy(), block_ids=[first_block + i],
             num_computed_tokens=0, num_scheduled_tokens=8) for i, (r, p) in
