@@ -154,7 +154,7 @@ static inline __attribute__((always_inline)) void matvec_avx2(const qmat *w, con
         }
         const uint8_t *q = w->q + t * tile_bytes;
         const uint16_t *sc = w->scale + (int64_t)t * groups * ROW_TILE;
-        const uint16_t *bi = w->bias + (int64_t)t * groups * ROW_TILE;
+        const uint16_t *bi = BITS == 4 ? w->bias + (int64_t)t * groups * ROW_TILE : NULL;
         for (int g = 0; g < groups; g++) {
             const __m128 s4 = _mm_cvtph_ps(_mm_loadl_epi64((const __m128i *)(sc + g * 4)));
             for (int half = 0; half < 2; half++) {  /* rows 0-1, then 2-3 of the tile */
