@@ -32,3 +32,8 @@ class AttentionMetadata:
     @property
     def num_reqs(self) -> int:
         return len(self.seq_lens_cpu)
+
+    @property
+    def decode_only(self) -> bool:
+        """Every request schedules exactly one token (a step of decode rows, no prompt chunk)."""
+        return self.max_query_len == 1 and self.num_actual_tokens == self.num_reqs

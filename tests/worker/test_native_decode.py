@@ -237,7 +237,7 @@ def test_attention_over_contexts_of_several_chunks(float32_native):
     assert float((ours - reference).abs().max()) < 2e-2
 
 
-def test_decode_steps_of_more_rows_attend_natively(float32_native):
+def test_decode_steps_of_more_rows_attend_natively(float32_native, monkeypatch):
     """A decode step of 12 rows (more than the native step takes) runs on the torch path with
     its attention in decode.c, reading the cache in place: the torch kernel's logits up to
     summation order. A step with a prompt chunk goes to the torch kernel."""
@@ -248,28 +248,32 @@ def test_decode_steps_of_more_rows_attend_natively(float32_native):
     tables = [[1 + r + rows * (width - 1 - i) for i in range(width)] for r in range(rows)]
     torch.manual_seed(2)
     prompts = [torch.randint(100, 10_000, (n,)).tolist() for n in lengths]
-    kernels = [attention.attend for attention in model.attention_layers()]
     model.native = None
-    try:
-        step_logits(model, sum(prompts, []), [p for n in lengths for p in range(n)],
-                    prefill_metadata(lengths, tables, block))
-        ids, metadata = list(range(200, 200 + rows)), decode_metadata(lengths, tables, block)
-        reference = step_logits(model, ids, lengths, metadata)
-        NativeAttention.install(native, model)
-        calls = []
-        monkeypatch_attend = native.attend
-        native.attend = lambda *a: calls.append(a[0]) or monkeypatch_attend(*a)
-        ours = step_logits(model, ids, lengths, metadata)
-        assert len(calls) == len(kernels)  # every layer, natively
-        calls.clear()
-        step_logits(model, [1, 2, 3], [0, 1, 2], prefill_metadata([3], [tables[0]], block))
-        assert calls == []  # a prompt chunk: the torch kernel
-    finally:
-        native.__dict__.pop("attend", None)
-        for attention, kernel in zip(model.attention_layers(), kernels, strict=True):
-            attention.attend = kernel
+    step_logits(model, sum(prompts, []), [p for n in lengths for p in range(n)],
+                prefill_metadata(lengths, tables, block))
+    ids, metadata = list(range(200, 200 + rows)), decode_metadata(lengths, tables, block)
+    reference = step_logits(model, ids, lengths, metadata)
+    calls = native_attention(monkeypatch, native, model)
+    ours = step_logits(model, ids, lengths, metadata)
+    assert calls == [rows] * len(model.attention_layers())  # every layer, natively
+    calls.clear()
+    step_logits(model, [1, 2, 3], [0, 1, 2], prefill_metadata([3], [tables[0]], block))
+    assert calls == []  # a prompt chunk: the torch kernel
     assert same_top_token(ours, reference, 2e-3)
     torch.testing.assert_close(ours, reference, rtol=0, atol=2e-3)
+
+
+def native_attention(monkeypatch, native, model) -> list[int]:
+    """The model's attention layers on NativeAttention until the test ends (monkeypatch puts
+    the torch kernels back); returns the rows of each native call, as they come."""
+    for attention in model.attention_layers():
+        monkeypatch.setattr(attention, "attend", attention.attend)  # restored at teardown
+    NativeAttention.install(native, model)
+    calls: list[int] = []
+    attend = native.attend
+    monkeypatch.setattr(native, "attend",
+                        lambda layer, q, md: calls.append(md.num_reqs) or attend(layer, q, md))
+    return calls
 
 
 def test_prefill_and_multi_token_steps_stay_on_the_torch_path(float32_native, monkeypatch):
@@ -394,4 +398,46 @@ def test_through_the_runner_a_refused_step_and_a_cancelled_request_leave_the_res
     assert calls == [2, 2, 1, 1]  # the decode steps, and nothing of the refused one
     assert native_tokens == run(None, "torch-", 3) and len(native_tokens) == 5
     # Both runs' requests have left the runner (the shared worker may hold other tests' ones).
+    assert not [r for r in runner.requests if r.startswith(("native-", "torch-"))]
+
+
+def test_through_the_runner_ten_streams_attend_natively_past_a_refusal_and_a_cancel(
+        float32_native, monkeypatch):
+    """Ten streams (more rows than the native step takes) decode through ExecuteModel /
+    SampleTokens with NativeAttention: a step the worker refuses reaches no attention, a
+    stream cancelled mid-way leaves the other nine attending natively, and every stream's
+    tokens are the torch kernel's (the decode tokens of these prompts have top-2 margins of
+    0.028 or more in float32; the two attentions differ by ~2e-5 on a logit)."""
+    worker, native, _ = float32_native
+    runner, model = worker.runner, worker.model
+    model.native = None  # ten rows: the torch path, whatever the native step's limit
+
+    def run(prefix: str, first_block: int) -> dict[str, list[int]]:
+        ids = [f"{prefix}{i}" for i in range(10)]
+        tokens = runner_step(runner, new=[pb.NewRequestData(
+            req_id=r, prompt_token_ids=list(range(100 + 8 * i, 108 + 8 * i)), sampling=greedy(),
+            block_ids=[first_block + i], num_computed_tokens=0, num_scheduled_tokens=8)
+            for i, r in enumerate(ids)])
+        for computed in (8, 9):
+            for r, t in runner_step(runner, cached=[(r, [], computed) for r in ids]).items():
+                tokens[r] += t
+        with pytest.raises(InvalidStepError):  # a block the cache does not have
+            runner_step(runner, cached=[(ids[0], [10**9], 10)] + [(r, [], 10) for r in ids[1:]])
+        for computed in (10, 11):  # the last stream cancelled: nine go on
+            step = runner_step(runner, cached=[(r, [], computed) for r in ids[:9]],
+                               finished=[ids[9]] if computed == 10 else [])
+            for r, t in step.items():
+                tokens[r] += t
+        runner_step(runner, finished=ids[:9])
+        return tokens
+
+    reference = run("torch-", 40)
+    calls = native_attention(monkeypatch, native, model)
+    ours = run("native-", 60)
+    layers = len(model.attention_layers())
+    # Decode steps of 10, 10, 9 and 9 rows, every layer; the prompts' step and the refused one
+    # never reach it.
+    assert calls == [10] * 2 * layers + [9] * 2 * layers
+    assert [ours[f"native-{i}"] for i in range(10)] == [reference[f"torch-{i}"] for i in range(10)]
+    assert [len(ours[f"native-{i}"]) for i in range(10)] == [5] * 9 + [3]
     assert not [r for r in runner.requests if r.startswith(("native-", "torch-"))]

@@ -274,8 +274,8 @@ class LlamaForCausalLM(nn.Module):
                        max_rows: int) -> bool:
         """Whether this step is decode rows only (one token per request, no adapter), few
         enough for one native call."""
-        return (metadata.max_query_len == 1 and input_ids.shape[0] == metadata.num_reqs
-                <= max_rows and get_lora_mask() is None)
+        return (metadata.decode_only and input_ids.shape[0] == metadata.num_reqs <= max_rows
+                and get_lora_mask() is None)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         assert self.embed_tokens is not None, "only the first stage embeds tokens"

@@ -268,7 +268,7 @@ class NativeAttention:
 
     def __call__(self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  metadata: AttentionMetadata, scale: float) -> torch.Tensor:
-        if metadata.max_query_len != 1 or metadata.num_actual_tokens != metadata.num_reqs:
+        if not metadata.decode_only:
             return self.fallback(query, k_cache, v_cache, metadata, scale)
         return self.decoder.attend(self.layer, query, metadata)
 
