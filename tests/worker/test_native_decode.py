@@ -237,10 +237,12 @@ def test_attention_over_contexts_of_several_chunks(float32_native):
     assert float((ours - reference).abs().max()) < 2e-2
 
 
-def test_decode_steps_of_more_rows_attend_natively(float32_native, monkeypatch):
-    """A decode step of 12 rows (more than the native step takes) runs on the torch path with
-    its attention in decode.c, reading the cache in place: the torch kernel's logits up to
-    summation order. A step with a prompt chunk goes to the torch kernel."""
+def test_decode_steps_of_more_rows_run_between_torchs_products(float32_native, monkeypatch):
+    """A decode step of 12 rows (more than one native call takes): its products on the torch
+    path, the rest of each layer in C (decode_between), attention reading the cache in place;
+    without the native step (a step with adapters), the torch path with NativeAttention. Both
+    give the torch kernel's logits up to summation order. A step with a prompt chunk goes to
+    the torch kernel."""
     worker, native, _ = float32_native
     model, block = worker.model, worker.config.block_size
     lengths = [5, 17, 40, 128, 129, 200, 300, 31, 64, 90, 250, 3]
@@ -253,6 +255,16 @@ def test_decode_steps_of_more_rows_attend_natively(float32_native, monkeypatch):
                 prefill_metadata(lengths, tables, block))
     ids, metadata = list(range(200, 200 + rows)), decode_metadata(lengths, tables, block)
     reference = step_logits(model, ids, lengths, metadata)
+    between: list[int] = []
+    decode_between = native.decode_between
+    monkeypatch.setattr(native, "decode_between",
+                        lambda *a: between.append(len(a[0])) or decode_between(*a))
+    model.native = native  # this step's K/V rewritten in place, as the reference wrote them
+    ours = step_logits(model, ids, lengths, metadata)
+    assert between == [rows]
+    assert same_top_token(ours, reference, 2e-3)
+    torch.testing.assert_close(ours, reference, rtol=0, atol=2e-3)
+    model.native = None
     calls = native_attention(monkeypatch, native, model)
     ours = step_logits(model, ids, lengths, metadata)
     assert calls == [rows] * len(model.attention_layers())  # every layer, natively
@@ -401,18 +413,22 @@ def test_through_the_runner_a_refused_step_and_a_cancelled_request_leave_the_res
     assert not [r for r in runner.requests if r.startswith(("native-", "torch-"))]
 
 
-def test_through_the_runner_ten_streams_attend_natively_past_a_refusal_and_a_cancel(
+def test_through_the_runner_ten_streams_decode_natively_past_a_refusal_and_a_cancel(
         float32_native, monkeypatch):
-    """Ten streams (more rows than the native step takes) decode through ExecuteModel /
-    SampleTokens with NativeAttention: a step the worker refuses reaches no attention, a
-    stream cancelled mid-way leaves the other nine attending natively, and every stream's
-    tokens are the torch kernel's (the decode tokens of these prompts have top-2 margins of
-    0.028 or more in float32; the two attentions differ by ~2e-5 on a logit)."""
+    """Ten streams (more rows than one native call takes) decode through ExecuteModel /
+    SampleTokens on decode_between: a step the worker refuses reaches none of it, a stream
+    cancelled mid-way leaves the other nine decoding there, and every stream's tokens are the
+    torch path's (the decode tokens of these prompts have top-2 margins of 0.028 or more in
+    float32; the two paths differ by ~2e-5 on a logit)."""
     worker, native, _ = float32_native
     runner, model = worker.runner, worker.model
-    model.native = None  # ten rows: the torch path, whatever the native step's limit
+    calls: list[int] = []
+    decode_between = native.decode_between
+    monkeypatch.setattr(native, "decode_between",
+                        lambda *a: calls.append(len(a[0])) or decode_between(*a))
 
-    def run(prefix: str, first_block: int) -> dict[str, list[int]]:
+    def run(path, prefix: str, first_block: int) -> dict[str, list[int]]:
+        model.native = path
         ids = [f"{prefix}{i}" for i in range(10)]
         tokens = runner_step(runner, new=[pb.NewRequestData(
             req_id=r, prompt_token_ids=list(range(100 + 8 * i, 108 + 8 * i)), sampling=greedy(),
@@ -431,13 +447,10 @@ def test_through_the_runner_ten_streams_attend_natively_past_a_refusal_and_a_can
         runner_step(runner, finished=ids[:9])
         return tokens
 
-    reference = run("torch-", 40)
-    calls = native_attention(monkeypatch, native, model)
-    ours = run("native-", 60)
-    layers = len(model.attention_layers())
-    # Decode steps of 10, 10, 9 and 9 rows, every layer; the prompts' step and the refused one
-    # never reach it.
-    assert calls == [10] * 2 * layers + [9] * 2 * layers
+    reference = run(None, "torch-", 40)
+    ours = run(native, "native-", 60)
+    # Decode steps of 10, 10, 9 and 9 rows; the prompts' step and the refused one never reach it.
+    assert calls == [10, 10, 9, 9]
     assert [ours[f"native-{i}"] for i in range(10)] == [reference[f"torch-{i}"] for i in range(10)]
     assert [len(ours[f"native-{i}"]) for i in range(10)] == [5] * 9 + [3]
     assert not [r for r in runner.requests if r.startswith(("native-", "torch-"))]

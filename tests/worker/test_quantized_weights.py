@@ -138,3 +138,15 @@ def test_each_kernel_computes_x_times_the_weight_it_stands_for(small, large):
         # weight to int8 per row
         tolerance = 0.1 if large == "dyn8" and rows > 4 else 0.02
         torch.testing.assert_close(layer(x).float(), expected, rtol=0.02, atol=tolerance)
+
+
+def test_a_quantized_linear_keeps_its_bias():
+    """Qwen2-family models carry a q|k|v bias: the quantized layer adds it on every kernel."""
+    torch.manual_seed(0)
+    weight = quantize_int4(torch.randn(96, 64) * 0.1, "t")
+    bias = torch.randn(96)
+    for small_rows in (0, 64):  # the large kernel, then the small one
+        layer = QuantLinear(weight, torch.float32, "int4", "dense", small_rows, bias)
+        x = torch.randn(5, 64)
+        torch.testing.assert_close(layer(x), x @ weight.dequantize().t() + bias,
+                                   rtol=1e-4, atol=1e-4)

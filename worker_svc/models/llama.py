@@ -31,8 +31,8 @@ AttendFn = Callable[
 
 
 class DecodeStep(Protocol):
-    """A whole decode step in one call (worker_svc/native/decoder.py's NativeDecoder): every
-    layer of up to max_rows decode rows, and the LM head of up to max_rows rows."""
+    """A native decode step (worker_svc/native/decoder.py's NativeDecoder): every layer of a
+    step of decode rows only, and the LM head of up to max_rows rows."""
 
     max_rows: int
 
@@ -251,7 +251,7 @@ class LlamaForCausalLM(nn.Module):
         """
         if self.native is not None and intermediate is None:
             metadata = get_attention_metadata()
-            if self._native_serves(input_ids, metadata, self.native.max_rows):
+            if self._native_serves(input_ids, metadata):
                 rows = metadata.num_reqs
                 return self.native.decode(self._embed(input_ids), positions,
                                           metadata.block_table[:rows], metadata.seq_lens[:rows])
@@ -270,11 +270,9 @@ class LlamaForCausalLM(nn.Module):
         return x
 
     @staticmethod
-    def _native_serves(input_ids: torch.Tensor, metadata: kernels.AttentionMetadata,
-                       max_rows: int) -> bool:
-        """Whether this step is decode rows only (one token per request, no adapter), few
-        enough for one native call."""
-        return (metadata.decode_only and input_ids.shape[0] == metadata.num_reqs <= max_rows
+    def _native_serves(input_ids: torch.Tensor, metadata: kernels.AttentionMetadata) -> bool:
+        """Whether this step is decode rows only (one token per request, no adapter)."""
+        return (metadata.decode_only and input_ids.shape[0] == metadata.num_reqs
                 and get_lora_mask() is None)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,10 @@
  * as bytes: with AVX-512 VNNI one vpdpbusd does 64 multiply-adds, where widening the codes to
  * floats took five instructions per 16. worker_svc/native/decoder.py builds the structs (in
  * common.h) from the loaded model, and library.py compiles this file, with the parts it
- * includes (products.h: the products; attention.h: attention over the paged cache), with the
- * machine's C compiler; the torch path stays the reference (tests/worker/test_native_decode.py).
+ * includes (products.h: the products; attention.h: attention over the paged cache; rows.h: the
+ * norm, rotary, the K/V write and SiLU of a row; between.h: those parts alone, called between
+ * torch's products for steps of more rows), with the machine's C compiler; the torch path stays
+ * the reference (tests/worker/test_native_decode.py).
  *
  * Weights: w[n, k] = q * scale[n, g] + bias[n, g], g = k / 32, q unsigned (vpdpbusd multiplies
  * unsigned bytes by signed ones): 4-bit q in 0..15, as GGUF's Q4_0 / Q4_1 blocks; 8-bit q =
@@ -24,16 +26,10 @@
  *   scale, bias: [t, g, 4], row j of the tile at j.
  */
 #include "attention.h"
+#include "between.h"
 #include "common.h"
 #include "products.h"
-
-/* out = rms_norm(x) * weight, in float32 (torch's rms_norm: x * rsqrt(mean(x^2) + eps)). */
-static void rms_norm(int n, const float *x, const float *weight, float eps, float *out) {
-    float ss = 0.f;
-    for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    const float inv = 1.0f / sqrtf(ss / n + eps);
-    for (int i = 0; i < n; i++) out[i] = x[i] * inv * weight[i];
-}
+#include "rows.h"
 
 /* out = rms_norm(x) * weight for each row, quantized (the next product's input). */
 static void norm_rows(int rows, int n, const float *x, const float *weight, float eps, float *out,
@@ -41,32 +37,6 @@ static void norm_rows(int rows, int n, const float *x, const float *weight, floa
     for (int r = 0; r < rows; r++)
         rms_norm(n, x + (int64_t)r * n, weight, eps, out + (int64_t)r * n);
     quantize_rows(rows, n, out, a);
-}
-
-/* Neox-style rotary on one head in place: halves (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin). */
-static void rotate(float *x, const float *cos_sin, int head_dim) {
-    const int half = head_dim / 2;
-    const float *c = cos_sin, *s = cos_sin + half;
-    for (int i = 0; i < half; i++) {
-        const float x1 = x[i], x2 = x[i + half];
-        x[i] = x1 * c[i] - x2 * s[i];
-        x[i + half] = x2 * c[i] + x1 * s[i];
-    }
-}
-
-static inline int64_t cache_row(const model_t *m, int kv_head, int64_t slot) {
-    const int64_t block = slot / m->block_size, offset = slot % m->block_size;
-    return (((int64_t)kv_head * m->num_blocks + block) * m->block_size + offset) * m->head_dim;
-}
-
-static void write_cache(const model_t *m, void *cache, int kv_head, int64_t slot, const float *v) {
-    const int64_t at = cache_row(m, kv_head, slot);
-    if (m->cache_bf16) {
-        uint16_t *c = (uint16_t *)cache + at;
-        for (int i = 0; i < m->head_dim; i++) c[i] = to_bf16(v[i]);
-    } else {
-        memcpy((float *)cache + at, v, sizeof(float) * m->head_dim);
-    }
 }
 
 static int64_t widest_input(const model_t *m) {
@@ -90,11 +60,9 @@ int64_t bw_scratch_floats(const model_t *m, int rows, int threads) {
 int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
               const int32_t *block_table, int table_width, const int32_t *seq_lens,
               float *scratch, int threads) {
-    if (rows < 1 || rows > MAX_ROWS || rows > m->max_rows) return -1;
-    for (int r = 0; r < rows; r++)
-        if (seq_lens[r] < 1 || seq_lens[r] > m->max_seq_len || positions[r] != seq_lens[r] - 1 ||
-            (seq_lens[r] - 1) / m->block_size >= table_width)
-            return -1;
+    if (rows < 1 || rows > MAX_ROWS || rows > m->max_rows ||
+        !decode_rows_fit(m, rows, positions, table_width, seq_lens))
+        return -1;
     const int H = m->hidden, D = m->head_dim, NH = m->num_heads, NKV = m->num_kv_heads;
     const int QKV = (NH + 2 * NKV) * D, I = m->intermediate;
     const int widest = 2 * I > QKV ? 2 * I : QKV;
@@ -116,19 +84,9 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
             norm_rows(rows, H, resid, l->input_norm, m->eps, h, &in);
             matvec(&l->qkv, rows, &in, wide);
             #pragma omp single
-            for (int r = 0; r < rows; r++) {
-                float *row = wide + (int64_t)r * QKV;
-                if (l->qkv_bias) for (int i = 0; i < QKV; i++) row[i] += l->qkv_bias[i];
-                const float *cs = m->cos_sin + positions[r] * D;
-                for (int hd = 0; hd < NH + NKV; hd++) rotate(row + hd * D, cs, D);
-                const int64_t t = positions[r];
-                const int64_t slot = (int64_t)block_table[(int64_t)r * table_width + t / m->block_size] *
-                                     m->block_size + t % m->block_size;
-                for (int g = 0; g < NKV; g++) {
-                    write_cache(m, l->k_cache, g, slot, row + (NH + g) * D);
-                    write_cache(m, l->v_cache, g, slot, row + (NH + NKV + g) * D);
-                }
-            }
+            for (int r = 0; r < rows; r++)
+                write_row_kv(m, l, wide + (int64_t)r * QKV, l->qkv_bias, positions[r],
+                             block_table + (int64_t)r * table_width);
             attend_rows(m, l, rows, wide, QKV, block_table, table_width, seq_lens, act,
                         attention_scratch);
             #pragma omp single
@@ -143,9 +101,8 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
             #pragma omp single
             {
                 for (int r = 0; r < rows; r++) {
-                    const float *gate = wide + (int64_t)r * 2 * I, *up = gate + I;
-                    float *a = act + (int64_t)r * I;
-                    for (int i = 0; i < I; i++) a[i] = gate[i] / (1.0f + fast_exp(-gate[i])) * up[i];
+                    const float *gate = wide + (int64_t)r * 2 * I;
+                    silu_mul(I, gate, gate + I, act + (int64_t)r * I);
                 }
                 quantize_rows(rows, I, act, &in);
             }

@@ -128,6 +128,12 @@ class NativeDecoder:
         self._cache_ptr = 0
         self._scratch = torch.empty(lib.bw_scratch_floats(self.model, MAX_ROWS, MAX_THREADS))
         self._attention_scratch = torch.empty(0)  # grown to the largest step bw_attend served
+        # Steps of more rows: each layer's projections (their torch modules, read at each step:
+        # the loader may replace them after this) and the norms' float32 weights.
+        self._decoder_layers = layers
+        self._norms = [(self.layers[i].input_norm, self.layers[i].post_norm)
+                       for i in range(len(layers))]
+        self._final_norm = self.model.final_norm
 
     @classmethod
     def build(cls, model: LlamaForCausalLM, stored: dict[str, QuantizedWeight],
@@ -197,9 +203,12 @@ class NativeDecoder:
 
     def decode(self, embedded: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
                seq_lens: torch.Tensor) -> torch.Tensor:
-        """embedded [R, hidden] -> the final-normed hidden states [R, hidden] in float32, the
-        K/V of each row's token written to the cache. R <= MAX_ROWS decode rows; positions [R]
-        int64, block_table [R, width] int32, seq_lens [R] int32 (the context after the step)."""
+        """embedded [R, hidden] -> the final-normed hidden states [R, hidden], the K/V of each
+        row's token written to the cache. R decode rows; positions [R] int64, block_table
+        [R, width] int32, seq_lens [R] int32 (the context after the step). Up to MAX_ROWS rows
+        run in one call and return float32; more run `decode_between` (embedded's dtype)."""
+        if embedded.shape[0] > MAX_ROWS:
+            return self.decode_between(embedded, positions, block_table, seq_lens)
         self._attach_cache()
         x = embedded.float().contiguous()
         if x.data_ptr() == embedded.data_ptr():
@@ -217,6 +226,57 @@ class NativeDecoder:
             raise ValueError(f"native decode refused {rows} rows at positions "
                              f"{positions.tolist()} with context lengths {seq_lens.tolist()}")
         return x
+
+    def decode_between(self, embedded: torch.Tensor, positions: torch.Tensor,
+                       block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+        """decode()'s step for more rows than one call takes: each layer's four products on the
+        torch path (its QuantLinear modules: oneDNN's bfloat16 GEMM at these sizes, the fastest
+        kernel here), everything between them in one C call per stretch (between.h): the
+        residual add and norm, rotary with the K/V write and attention, SiLU times up. The
+        residual stream stays float32; the products' inputs and outputs are embedded's dtype,
+        as is the result."""
+        self._attach_cache()
+        dtype = embedded.dtype
+        assert dtype in (torch.bfloat16, torch.float32), f"{dtype} activations"
+        bf16 = int(dtype == torch.bfloat16)
+        rows = embedded.shape[0]
+        positions = positions.to(torch.int64).contiguous()
+        block_table = block_table.to(torch.int32).contiguous()
+        seq_lens = seq_lens.to(torch.int32).contiguous()
+        threads = min(torch.get_num_threads(), MAX_THREADS)
+        need = self.lib.bw_attend_qkv_floats(self.model, rows, threads)
+        if self._attention_scratch.numel() < need:
+            self._attention_scratch = torch.empty(need)
+        lib, model = self.lib, self.model
+        resid = embedded.float().contiguous()
+        if resid.data_ptr() == embedded.data_ptr():
+            resid = resid.clone()
+        h = torch.empty(rows, model.hidden, dtype=dtype)
+        attended = torch.empty(rows, model.num_heads * model.head_dim, dtype=dtype)
+        act = torch.empty(rows, model.intermediate, dtype=dtype)
+        added: torch.Tensor | None = None  # the last product's output, not yet in the stream
+        for i, layer in enumerate(self._decoder_layers):
+            input_norm, post_norm = self._norms[i]
+            lib.bw_add_norm(model, input_norm, rows, resid.data_ptr(),
+                            None if added is None else added.data_ptr(), h.data_ptr(), bf16,
+                            threads)
+            qkv = layer.self_attn.qkv_proj(h).contiguous()
+            code = lib.bw_attend_qkv(model, i, rows, qkv.data_ptr(), positions.data_ptr(),
+                                     block_table.data_ptr(), block_table.shape[1],
+                                     seq_lens.data_ptr(), attended.data_ptr(), bf16,
+                                     self._attention_scratch.data_ptr(), threads)
+            if code != 0:
+                raise ValueError(f"native attention refused {rows} rows at positions "
+                                 f"{positions.tolist()} with context lengths {seq_lens.tolist()}")
+            o = layer.self_attn.o_proj(attended).contiguous()
+            lib.bw_add_norm(model, post_norm, rows, resid.data_ptr(), o.data_ptr(), h.data_ptr(),
+                            bf16, threads)
+            gate_up = layer.mlp.gate_up_proj(h).contiguous()
+            lib.bw_silu_mul(model, rows, gate_up.data_ptr(), act.data_ptr(), bf16, threads)
+            added = layer.mlp.down_proj(act).contiguous()
+        lib.bw_add_norm(model, self._final_norm, rows, resid.data_ptr(),
+                        None if added is None else added.data_ptr(), h.data_ptr(), bf16, threads)
+        return h
 
     def attend(self, layer: int, query: torch.Tensor, metadata: AttentionMetadata
                ) -> torch.Tensor:

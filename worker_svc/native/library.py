@@ -82,7 +82,7 @@ def load(march: str = "native") -> ctypes.CDLL | None:
     if compiler is None:
         logger.info("native CPU decode off: no C compiler (cc, gcc or $CC) on PATH")
         return None
-    # decode.c and the parts it includes (common.h, products.h, attention.h): any edit rebuilds.
+    # decode.c and the parts it includes (*.h beside it): any edit rebuilds.
     source = b"".join(path.read_bytes() for path in [SOURCE, *sorted(SOURCE.parent.glob("*.h"))])
     flags = [*FLAGS, f"-march={march}"]
     key = hashlib.sha256(source + " ".join(flags).encode() + _cpu_flags().encode() +
@@ -119,6 +119,20 @@ def load(march: str = "native") -> ctypes.CDLL | None:
                               ctypes.c_void_p, ctypes.c_int]
     lib.bw_attention_floats.restype = ctypes.c_int64
     lib.bw_attention_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
+    lib.bw_add_norm.restype = ctypes.c_int
+    lib.bw_add_norm.argtypes = [ctypes.POINTER(Model), ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                ctypes.c_int]
+    lib.bw_attend_qkv.restype = ctypes.c_int
+    lib.bw_attend_qkv.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                  ctypes.c_int]
+    lib.bw_attend_qkv_floats.restype = ctypes.c_int64
+    lib.bw_attend_qkv_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
+    lib.bw_silu_mul.restype = ctypes.c_int
+    lib.bw_silu_mul.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p,
+                                ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.bw_scratch_floats.restype = ctypes.c_int64
     lib.bw_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
     return lib

@@ -31,7 +31,7 @@ def int4_matmul(x: torch.Tensor, packed: torch.Tensor, scales_zeros: torch.Tenso
 
 
 class QuantLinear(nn.Module):
-    """y = x W^T for a weight held as `QuantizedWeight`; no bias (the model's linears have none).
+    """y = x W^T (+ bias) for a weight held as `QuantizedWeight`.
 
     small: "int4" or "int8" weight-only, used up to `small_rows` rows; large: "bf16" (oneDNN
     packed), "dense" (a plain matmul of the de-quantised weight in dtype: where oneDNN cannot
@@ -39,8 +39,10 @@ class QuantLinear(nn.Module):
     ("same") beyond."""
 
     def __init__(self, weight: QuantizedWeight, dtype: torch.dtype, small: str, large: str,
-                 small_rows: int) -> None:
+                 small_rows: int, bias: torch.Tensor | None = None) -> None:
         super().__init__()
+        # The linear's own bias (q|k|v of Qwen2-family models), in the activations' dtype.
+        self.bias = None if bias is None else bias.detach().to(dtype)
         self.out_features, self.in_features = weight.shape
         self.small, self.large, self.small_rows = small, large, small_rows
         self.group = weight.group
@@ -75,6 +77,8 @@ class QuantLinear(nn.Module):
             y = int4_matmul(x2.contiguous(), self.int4, self.scales_zeros, self.group)
         else:
             y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.int8, self.int8_scale)
+        if self.bias is not None:
+            y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
 

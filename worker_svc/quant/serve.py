@@ -46,7 +46,7 @@ def install(model: nn.Module, mode: str, stored: dict[str, QuantizedWeight],
         small_rows, large = choose(*qweight.shape)
         if large == "bf16" and not packs:
             large = "dense"
-        layer = QuantLinear(qweight, dtype, small, large, small_rows)
+        layer = QuantLinear(qweight, dtype, small, large, small_rows, linear.bias)
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent) if parent else model, child, layer)
         kind = "int4 group 32" if small == "int4" else "int8 per row"
