@@ -17,10 +17,11 @@ POOLING_TYPES = ("last", "mean", "cls")
 # linear weight in that form, float weights quantized at load (a GGUF tensor stored in more bits
 # than int4, Q8_0, is served as int8 by int4: never fewer bits than the file holds).
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
-# How a CPU worker runs steps of decode rows: "native" = up to 8 rows in one call into a compiled
-# C step (worker_svc/native) where the linear weights are served quantized (as stored), falling
-# back to torch where it cannot or would be slower (no C compiler, no AVX-512, float weights, a
-# sharded model); "torch" = every step on the torch path (the reference).
+# How a CPU worker runs its steps: "native" = up to 8 decode rows in one call into a compiled C
+# step (worker_svc/native), any other step with torch's products and the rest of each layer in
+# C, where the linear weights are served quantized (as stored), falling back to torch where it
+# cannot or would be slower (no C compiler, neither VNNI nor AVX2, float weights, a sharded
+# model, a step with adapters); "torch" = every step on the torch path (the reference).
 CPU_DECODES = ("native", "torch")
 
 

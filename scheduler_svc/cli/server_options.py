@@ -49,10 +49,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                "bfloat16, else none; none = de-quantised to --dtype; int8/int4 = every linear "
                "weight so (workers this command starts; GetModelInfo.weights says what is served)",
                choices=QUANTIZATIONS)
-    add_option(g, "--cpu-decode", DEFAULTS["cpu_decode"], "CPU decode steps: native = up to "
-               "8 decode rows in one compiled C call where the weights are served quantized "
-               "(built with the machine's C compiler at first use; torch where it cannot); "
-               "torch = every step on the torch path", choices=CPU_DECODES)
+    add_option(g, "--cpu-decode", DEFAULTS["cpu_decode"], "CPU steps: native = up to 8 "
+               "decode rows in one compiled C call, other steps torch's products with the rest "
+               "in C, where the weights are served quantized (built with the machine's C "
+               "compiler at first use; torch where it cannot); torch = every step on the torch "
+               "path", choices=CPU_DECODES)
     add_option(g, "--generation-config", DEFAULTS["generation_config"], "defaults of a request's "
                "unset sampling fields: auto = the model's generation config (GetModelInfo shows "
                "them), none = batchwire's (temperature 1...), or a folder or "

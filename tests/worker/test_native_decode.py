@@ -214,6 +214,23 @@ def prefill_metadata(lengths: list[int], tables: list[list[int]], block: int
     )  # fmt: skip
 
 
+def chunk_metadata(starts: list[int], ends: list[int], tables: list[list[int]], block: int
+                   ) -> AttentionMetadata:
+    """Each request's tokens [start, end) in one step, after its first `start` cached."""
+    lengths = [e - s for s, e in zip(starts, ends, strict=True)]
+    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    seq = np.array(ends, dtype=np.int32)
+    table = np.array(tables, dtype=np.int32)
+    slots = np.concatenate([table[r, np.arange(s, e) // block] * block + np.arange(s, e) % block
+                            for r, (s, e) in enumerate(zip(starts, ends, strict=True))])
+    return AttentionMetadata(
+        num_actual_tokens=int(qsl[-1]), query_start_loc=torch.from_numpy(qsl),
+        seq_lens=torch.from_numpy(seq), block_table=torch.from_numpy(table),
+        slot_mapping=torch.from_numpy(slots.astype(np.int64)), max_query_len=max(lengths),
+        max_seq_len=max(ends), query_start_loc_cpu=qsl, seq_lens_cpu=seq,
+    )  # fmt: skip
+
+
 def test_attention_over_contexts_of_several_chunks(float32_native):
     """Contexts of 300, 129 and 17 tokens (3, 2 and 1 chunks of 128 positions, in blocks laid
     out backwards): one native decode step after a torch prefill gives the torch path's logits,
@@ -237,12 +254,21 @@ def test_attention_over_contexts_of_several_chunks(float32_native):
     assert float((ours - reference).abs().max()) < 2e-2
 
 
-def test_decode_steps_of_more_rows_run_between_torchs_products(float32_native, monkeypatch):
-    """A decode step of 12 rows (more than one native call takes): its products on the torch
-    path, the rest of each layer in C (decode_between), attention reading the cache in place;
-    without the native step (a step with adapters), the torch path with NativeAttention. Both
-    give the torch kernel's logits up to summation order. A step with a prompt chunk goes to
-    the torch kernel."""
+def last_token_logits(model, ids: list[int], positions: list[int], metadata) -> torch.Tensor:
+    """Each request's last token's logits (what the runner samples from) after one step."""
+    with torch.inference_mode(), set_forward_context(metadata):
+        hidden = model(torch.tensor(ids), torch.tensor(positions))
+        last = torch.from_numpy(metadata.query_start_loc_cpu[1:] - 1).long()
+        return model.compute_logits(hidden[last]).float()
+
+
+def test_steps_of_prompt_chunks_and_many_rows_run_between_torchs_products(float32_native,
+                                                                         monkeypatch):
+    """Twelve prompts in two chunks each (the second attending the first in the cache), then
+    one decode step of 12 rows (more than one native call takes): each step's products on the
+    torch path, the rest of each layer in C (between), attention reading the cache in place.
+    Every step gives the torch path's logits up to summation order. Without the native step (a
+    step with adapters), a decode step attends through NativeAttention, alike."""
     worker, native, _ = float32_native
     model, block = worker.model, worker.config.block_size
     lengths = [5, 17, 40, 128, 129, 200, 300, 31, 64, 90, 250, 3]
@@ -250,29 +276,34 @@ def test_decode_steps_of_more_rows_run_between_torchs_products(float32_native, m
     tables = [[1 + r + rows * (width - 1 - i) for i in range(width)] for r in range(rows)]
     torch.manual_seed(2)
     prompts = [torch.randint(100, 10_000, (n,)).tolist() for n in lengths]
-    model.native = None
-    step_logits(model, sum(prompts, []), [p for n in lengths for p in range(n)],
-                prefill_metadata(lengths, tables, block))
-    ids, metadata = list(range(200, 200 + rows)), decode_metadata(lengths, tables, block)
-    reference = step_logits(model, ids, lengths, metadata)
+    halves = [n // 2 for n in lengths]
+    first = (sum((p[:h] for p, h in zip(prompts, halves, strict=True)), []),
+             [t for h in halves for t in range(h)], prefill_metadata(halves, tables, block))
+    second = (sum((p[h:] for p, h in zip(prompts, halves, strict=True)), []),
+              [t for h, n in zip(halves, lengths, strict=True) for t in range(h, n)],
+              chunk_metadata(halves, lengths, tables, block))
+    decode = (list(range(200, 200 + rows)), lengths, decode_metadata(lengths, tables, block))
     between: list[int] = []
-    decode_between = native.decode_between
-    monkeypatch.setattr(native, "decode_between",
-                        lambda *a: between.append(len(a[0])) or decode_between(*a))
-    model.native = native  # this step's K/V rewritten in place, as the reference wrote them
-    ours = step_logits(model, ids, lengths, metadata)
-    assert between == [rows]
-    assert same_top_token(ours, reference, 2e-3)
-    torch.testing.assert_close(ours, reference, rtol=0, atol=2e-3)
+    run_between = native.between
+    monkeypatch.setattr(native, "between",
+                        lambda e, p, md: between.append(len(e)) or run_between(e, p, md))
+    logits = {}
+    for path in (None, native):  # the second run rewrites the same slots in place
+        model.native = path
+        logits[path] = [last_token_logits(model, *step) for step in (first, second, decode)]
+    assert between == [sum(halves), sum(lengths) - sum(halves), rows]
+    for ours, reference in zip(logits[native], logits[None], strict=True):
+        assert same_top_token(ours, reference, 2e-3)
+        torch.testing.assert_close(ours, reference, rtol=0, atol=2e-3)
     model.native = None
     calls = native_attention(monkeypatch, native, model)
-    ours = step_logits(model, ids, lengths, metadata)
+    ours = last_token_logits(model, *decode)
     assert calls == [rows] * len(model.attention_layers())  # every layer, natively
     calls.clear()
     step_logits(model, [1, 2, 3], [0, 1, 2], prefill_metadata([3], [tables[0]], block))
     assert calls == []  # a prompt chunk: the torch kernel
-    assert same_top_token(ours, reference, 2e-3)
-    torch.testing.assert_close(ours, reference, rtol=0, atol=2e-3)
+    assert same_top_token(ours, logits[None][2], 2e-3)
+    torch.testing.assert_close(ours, logits[None][2], rtol=0, atol=2e-3)
 
 
 def native_attention(monkeypatch, native, model) -> list[int]:
@@ -288,23 +319,20 @@ def native_attention(monkeypatch, native, model) -> list[int]:
     return calls
 
 
-def test_prefill_and_multi_token_steps_stay_on_the_torch_path(float32_native, monkeypatch):
+def test_a_prompt_chunk_runs_between_torchs_products_not_in_one_call(float32_native,
+                                                                    monkeypatch):
     worker, native, _ = float32_native
     model = worker.model
     model.native = native
-    calls = []
-    monkeypatch.setattr(native, "decode", lambda *a: calls.append(a))
-    ids, block = [1, 2, 3, 4], worker.config.block_size
-    positions = np.arange(4)
-    qsl, seq = np.array([0, 4], dtype=np.int32), np.array([4], dtype=np.int32)
-    metadata = AttentionMetadata(
-        num_actual_tokens=4, query_start_loc=torch.from_numpy(qsl),
-        seq_lens=torch.from_numpy(seq), block_table=torch.tensor([[1]], dtype=torch.int32),
-        slot_mapping=torch.from_numpy(block + positions), max_query_len=4, max_seq_len=4,
-        query_start_loc_cpu=qsl, seq_lens_cpu=seq,
-    )  # fmt: skip
-    logits = step_logits(model, ids, list(positions), metadata)
-    assert calls == [] and logits.shape[0] == 4
+    calls: dict[str, list[int]] = {"decode": [], "between": []}
+    monkeypatch.setattr(native, "decode", lambda *a: calls["decode"].append(len(a[0])))
+    run_between = native.between
+    monkeypatch.setattr(native, "between", lambda e, p, md: calls["between"].append(len(e))
+                        or run_between(e, p, md))
+    block = worker.config.block_size
+    logits = step_logits(model, [1, 2, 3, 4], [0, 1, 2, 3],
+                         prefill_metadata([4], [[1]], block))
+    assert calls == {"decode": [], "between": [4]} and logits.shape[0] == 4
 
 
 def test_int4_packing_holds_the_codes_and_the_weight():
@@ -416,16 +444,16 @@ def test_through_the_runner_a_refused_step_and_a_cancelled_request_leave_the_res
 def test_through_the_runner_ten_streams_decode_natively_past_a_refusal_and_a_cancel(
         float32_native, monkeypatch):
     """Ten streams (more rows than one native call takes) decode through ExecuteModel /
-    SampleTokens on decode_between: a step the worker refuses reaches none of it, a stream
+    SampleTokens on NativeDecoder.between: a step the worker refuses reaches none of it, a stream
     cancelled mid-way leaves the other nine decoding there, and every stream's tokens are the
     torch path's (the decode tokens of these prompts have top-2 margins of 0.028 or more in
     float32; the two paths differ by ~2e-5 on a logit)."""
     worker, native, _ = float32_native
     runner, model = worker.runner, worker.model
     calls: list[int] = []
-    decode_between = native.decode_between
-    monkeypatch.setattr(native, "decode_between",
-                        lambda *a: calls.append(len(a[0])) or decode_between(*a))
+    run_between = native.between
+    monkeypatch.setattr(native, "between",
+                        lambda e, p, md: calls.append(len(e)) or run_between(e, p, md))
 
     def run(path, prefix: str, first_block: int) -> dict[str, list[int]]:
         model.native = path
@@ -449,8 +477,9 @@ def test_through_the_runner_ten_streams_decode_natively_past_a_refusal_and_a_can
 
     reference = run(None, "torch-", 40)
     ours = run(native, "native-", 60)
-    # Decode steps of 10, 10, 9 and 9 rows; the prompts' step and the refused one never reach it.
-    assert calls == [10, 10, 9, 9]
+    # The prompts' step (80 tokens), then decode steps of 10, 10, 9 and 9 rows; the refused one
+    # never reaches it.
+    assert calls == [80, 10, 10, 9, 9]
     assert [ours[f"native-{i}"] for i in range(10)] == [reference[f"torch-{i}"] for i in range(10)]
     assert [len(ours[f"native-{i}"]) for i in range(10)] == [5] * 9 + [3]
     assert not [r for r in runner.requests if r.startswith(("native-", "torch-"))]

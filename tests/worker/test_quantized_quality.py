@@ -151,7 +151,7 @@ def test_the_served_decode_steps_stay_close_to_the_float32_reference(reference, 
 
 def test_decode_steps_of_more_rows_stay_as_close_as_the_torch_path(default_worker, text_ids,
                                                                   monkeypatch):
-    """Steps of more decode rows than one native call takes (W64's: decode_between, bfloat16
+    """Steps of more decode rows than one native call takes (W64's: NativeDecoder.between, bfloat16
     GEMMs of the de-quantised weights, the rest in C with a float32 residual stream), here 9
     windows side by side for their first 128 tokens, against the float32 reference on the same
     tokens: within the bfloat16 torch path's bound above. Measured: top-1 0.9722, mean KL
@@ -162,9 +162,9 @@ def test_decode_steps_of_more_rows_stay_as_close_as_the_torch_path(default_worke
     windows = [w[:128].tolist() for w in np.array_split(np.array(text_ids), 9)]
     reference = [teacher_forced_logprobs(default_worker, w) for w in windows]
     steps: list[int] = []
-    decode_between = native.decode_between
-    monkeypatch.setattr(native, "decode_between",
-                        lambda *a: steps.append(len(a[0])) or decode_between(*a))
+    between = native.between
+    monkeypatch.setattr(native, "between",
+                        lambda e, p, md: steps.append(len(e)) or between(e, p, md))
     ours = native_teacher_forced_logprobs(worker, windows)
     assert steps == [9] * 128
     top1, kl = agreement(reference, ours)

@@ -31,13 +31,17 @@ AttendFn = Callable[
 
 
 class DecodeStep(Protocol):
-    """A native decode step (worker_svc/native/decoder.py's NativeDecoder): every layer of a
-    step of decode rows only, and the LM head of up to max_rows rows."""
+    """The native CPU step (worker_svc/native/decoder.py's NativeDecoder): every layer of a
+    step of up to max_rows decode rows in one call (decode), every layer of any other step with
+    torch's products and the rest in C (between), and the LM head of up to max_rows rows."""
 
     max_rows: int
 
     def decode(self, embedded: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
                seq_lens: torch.Tensor) -> torch.Tensor: ...
+
+    def between(self, embedded: torch.Tensor, positions: torch.Tensor,
+                metadata: kernels.AttentionMetadata) -> torch.Tensor: ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
 
@@ -193,8 +197,8 @@ class LlamaForCausalLM(nn.Module):
         self.tie_weights()
         self.max_position = max_position
         self.cos_sin = torch.empty(0)  # filled by init_rotary(), once the weights have a device
-        # The native CPU decode step (worker_svc/native), set by the Worker where it serves:
-        # steps of decode rows only run there, in one call; the rest runs below.
+        # The native CPU step (worker_svc/native), set by the Worker where it serves: steps
+        # without adapters run there (a few decode rows in one call); the rest runs below.
         self.native: DecodeStep | None = None
 
     def tie_weights(self) -> None:
@@ -252,9 +256,11 @@ class LlamaForCausalLM(nn.Module):
         if self.native is not None and intermediate is None:
             metadata = get_attention_metadata()
             if self._native_serves(input_ids, metadata):
-                rows = metadata.num_reqs
-                return self.native.decode(self._embed(input_ids), positions,
-                                          metadata.block_table[:rows], metadata.seq_lens[:rows])
+                rows, embedded = metadata.num_reqs, self._embed(input_ids)
+                if metadata.decode_only and rows <= self.native.max_rows:
+                    return self.native.decode(embedded, positions, metadata.block_table[:rows],
+                                              metadata.seq_lens[:rows])
+                return self.native.between(embedded, positions, metadata)
         residual = None
         if intermediate is None:
             x = self._embed(input_ids)
@@ -271,9 +277,8 @@ class LlamaForCausalLM(nn.Module):
 
     @staticmethod
     def _native_serves(input_ids: torch.Tensor, metadata: kernels.AttentionMetadata) -> bool:
-        """Whether this step is decode rows only (one token per request, no adapter)."""
-        return (metadata.decode_only and input_ids.shape[0] == metadata.num_reqs
-                and get_lora_mask() is None)
+        """Whether the native step takes this step: no adapter, no padding tokens."""
+        return input_ids.shape[0] == metadata.num_actual_tokens and get_lora_mask() is None
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         assert self.embed_tokens is not None, "only the first stage embeds tokens"

@@ -16,14 +16,26 @@ static inline __attribute__((always_inline)) void cache_floats(const model_t *m,
                                : load16((const float *)block + (int64_t)j * 16 * V + 16 * i);
 }
 
+/* Block `block` of kv_head's cache fetched ahead into the caches: a row's blocks lie anywhere
+ * in the cache, where the hardware's prefetchers (which follow addresses within a page) find
+ * each one only after a few misses; without this a 64-row step read its K/V at a fifth of the
+ * memory's bandwidth. */
+static inline void prefetch_block(const model_t *m, const void *cache, int kv_head, int block) {
+    const int64_t bytes = (int64_t)m->block_size * m->head_dim * (m->cache_bf16 ? 2 : 4);
+    const char *at = (const char *)cache + ((int64_t)kv_head * m->num_blocks + block) * bytes;
+    for (int64_t byte = 0; byte < bytes; byte += 64) __builtin_prefetch(at + byte);
+}
+
 /* Where position t of a row's context starts its run of consecutive cache rows: the block
  * holding it (head-major storage: its rows are contiguous), t's row in it, and the run's
- * length up to `end`. One division per block rather than per position. */
+ * length up to `end`; the run's next block is fetched ahead. One division per block rather
+ * than per position. */
 static inline const void *cache_run(const model_t *m, const void *cache, int kv_head,
                                     const int32_t *blocks, int t, int end, int *first, int *run) {
     const int b = t / m->block_size;
     *first = t - b * m->block_size;
     *run = m->block_size - *first < end - t ? m->block_size - *first : end - t;
+    if (t + *run < end) prefetch_block(m, cache, kv_head, blocks[b + 1]);
     const int64_t at = ((int64_t)kv_head * m->num_blocks + blocks[b]) * m->block_size * m->head_dim;
     return m->cache_bf16 ? (const void *)((const uint16_t *)cache + at)
                          : (const void *)((const float *)cache + at);
@@ -39,6 +51,7 @@ static inline __attribute__((always_inline)) void attend_chunk_v(
         const float *q, int kv_head, int group, float *scores, float *part, const int V) {
     const int D = 16 * V, n = t1 - t0;
     f32x16 row[MAX_HEAD_DIM / 16];
+    prefetch_block(m, l->v_cache, kv_head, blocks[t0 / m->block_size]);  /* for the V pass */
     for (int t = t0; t < t1;) {
         int first, run;
         const void *block = cache_run(m, l->k_cache, kv_head, blocks, t, t1, &first, &run);
@@ -108,31 +121,32 @@ static void combine_chunks(int chunks, int D, const float *part, int64_t stride,
     for (int i = 0; i < D; i++) out[i] /= total;
 }
 
-/* Floats of scratch attend_rows takes for `rows` rows and `threads` threads: each head's part
- * of each chunk, and each thread's scores. */
-static int64_t attention_floats(const model_t *m, int rows, int threads) {
-    const int64_t chunks = (m->max_seq_len + CHUNK - 1) / CHUNK;
+/* Floats of scratch attend_rows takes for `rows` rows whose contexts are at most max_len long,
+ * and `threads` threads: each head's part of each chunk, and each thread's scores. */
+static int64_t attention_floats(const model_t *m, int rows, int max_len, int threads) {
+    const int64_t chunks = (max_len + CHUNK - 1) / CHUNK;
     return rows * (int64_t)m->num_heads * chunks * (2 + m->head_dim) +
            (int64_t)threads * m->num_heads * CHUNK;
 }
 
-/* Attention of `rows` decode rows of layer l, inside the caller's OpenMP team: row r's query
- * heads at q + r * q_stride (rotated; this step's K/V already in the cache), its output heads
- * at out + r * num_heads * head_dim. Work items are (row, KV head, chunk of CHUNK positions),
- * so that even one row's context is shared among the threads; then each head's chunks join. */
+/* Attention of `rows` query rows of layer l, inside the caller's OpenMP team: row r's query
+ * heads at q + r * q_stride (rotated; its K/V already in the cache), attending the first
+ * seq_lens[r] positions of its context (a decode row all of it; a prompt token those up to its
+ * own), its output heads at out + r * num_heads * head_dim. Work items are (row, KV head, chunk
+ * of CHUNK positions), so that even one row's context is shared among the threads; then each
+ * head's chunks join. scratch: attention_floats for the longest of seq_lens. */
 static void attend_rows(const model_t *m, const layer_t *l, int rows, const float *q,
                         int64_t q_stride, const int32_t *block_table, int table_width,
                         const int32_t *seq_lens, float *out, float *scratch) {
     const int D = m->head_dim, NH = m->num_heads, NKV = m->num_kv_heads, group = NH / NKV;
-    const int chunks_max = (m->max_seq_len + CHUNK - 1) / CHUNK;
-    const int64_t part_size = 2 + D;  /* one head's part of one chunk */
-    float *parts = scratch;           /* [rows, NKV, chunks_max, group, part_size] */
-    float *scores = parts + rows * (int64_t)NH * chunks_max * part_size;  /* [threads, group,
-                                                                             CHUNK] */
     int step_chunks = 0;  /* the most chunks of any row this step */
     for (int r = 0; r < rows; r++)
         if ((seq_lens[r] + CHUNK - 1) / CHUNK > step_chunks)
             step_chunks = (seq_lens[r] + CHUNK - 1) / CHUNK;
+    const int64_t part_size = 2 + D;  /* one head's part of one chunk */
+    float *parts = scratch;           /* [rows, NKV, step_chunks, group, part_size] */
+    float *scores = parts + rows * (int64_t)NH * step_chunks * part_size;  /* [threads, group,
+                                                                              CHUNK] */
     #pragma omp for schedule(dynamic, 1)
     for (int item = 0; item < rows * NKV * step_chunks; item++) {
         const int c = item % step_chunks, kv_head = item / step_chunks % NKV;
@@ -142,13 +156,13 @@ static void attend_rows(const model_t *m, const layer_t *l, int rows, const floa
         attend_chunk(m, l, block_table + (int64_t)r * table_width, t0, t1,
                      q + r * q_stride + kv_head * group * D, kv_head, group,
                      scores + (int64_t)omp_get_thread_num() * group * CHUNK,
-                     parts + (((int64_t)r * NKV + kv_head) * chunks_max + c) * group * part_size);
+                     parts + (((int64_t)r * NKV + kv_head) * step_chunks + c) * group * part_size);
     }
     #pragma omp for schedule(static)
     for (int item = 0; item < rows * NH; item++) {
         const int r = item / NH, head = item % NH, kv_head = head / group;
         combine_chunks((seq_lens[r] + CHUNK - 1) / CHUNK, D,
-                       parts + ((int64_t)r * NKV + kv_head) * chunks_max * group * part_size +
+                       parts + ((int64_t)r * NKV + kv_head) * step_chunks * group * part_size +
                            (head % group) * part_size,
                        group * part_size, out + (int64_t)r * NH * D + head * D);
     }

@@ -1,11 +1,14 @@
-/* The parts of a layer between its products, for decode steps of more rows than bw_decode
- * takes (decoder.py's NativeDecoder.decode past MAX_ROWS rows). There the products are
- * matrix-matrix, and torch's GEMMs (oneDNN, bfloat16 on AMX or AVX-512) beat the byte products
- * of products.h; but the torch path also spends ~40% of a 64-row step on the ~15 small ops
- * around them (norms, casts, rotary, the cache write, SiLU), each a dispatch and a pass over
- * memory. Here each stretch between two products is one call: the residual add and the norm;
- * rotary, the K/V write and attention; SiLU times up. Activations cross in the products' dtype
- * (bfloat16 or float32: `bf16`), the residual stream stays float32. Included once, by decode.c. */
+/* The parts of a layer between its products, for every step bw_decode does not take (more
+ * than MAX_ROWS decode rows, prompt chunks: decoder.py's NativeDecoder.between). There the
+ * products are matrix-matrix, and torch's GEMMs (oneDNN, bfloat16 on AMX or AVX-512) beat the
+ * byte products of products.h; but the torch path also spends ~40% of a 64-row decode step on
+ * the ~15 small ops around them (norms, casts, rotary, the cache write, SiLU), each a dispatch
+ * and a pass over memory, and a prompt chunk's attention there is a few small matmuls per
+ * request and head. Here each stretch between two products is one call: the residual add and
+ * the norm; rotary, the K/V write and attention; SiLU times up. A row is one token: a decode
+ * row, or a prompt token attending its context up to itself. Activations cross in the
+ * products' dtype (bfloat16 or float32: `bf16`), the residual stream stays float32. Included
+ * once, by decode.c. */
 #pragma once
 
 #include <stdlib.h>
@@ -51,22 +54,26 @@ int bw_add_norm(const model_t *m, const float *weight, int rows, float *resid, c
     return 0;
 }
 
-/* Floats of scratch bw_attend_qkv takes: each row's q|k|v and attention output in float32,
- * and attend_rows' own. */
-int64_t bw_attend_qkv_floats(const model_t *m, int rows, int threads) {
+/* Floats of scratch bw_attend_qkv takes for `rows` rows whose contexts are at most max_len
+ * long: each row's q|k|v and attention output in float32, and attend_rows' own. */
+int64_t bw_attend_qkv_floats(const model_t *m, int rows, int max_len, int threads) {
     const int64_t qkv = (int64_t)(m->num_heads + 2 * m->num_kv_heads) * m->head_dim;
-    return rows * (qkv + (int64_t)m->num_heads * m->head_dim) + attention_floats(m, rows, threads);
+    return rows * (qkv + (int64_t)m->num_heads * m->head_dim) +
+           attention_floats(m, rows, max_len, threads);
 }
 
 /* Layer `layer` from its q|k|v product to the input of o: qkv [rows, (NH + 2 NKV) D] in the
- * products' dtype -> q and k rotated, each row's K/V written at its slot, attention over the
- * paged cache -> out [rows, NH D] in the products' dtype. Returns 0, or -1 when the rows do not
- * fit (decode_rows_fit). */
+ * products' dtype -> q and k rotated, every row's K/V written at its slot, then attention over
+ * the paged cache -> out [rows, NH D] in the products' dtype. Row r: the token at positions[r]
+ * of the request whose block table is row r of block_table, attending positions 0 ..
+ * positions[r] (seq_lens[r] = positions[r] + 1); a request's earlier tokens in this step come
+ * before it. scratch: bw_attend_qkv_floats for the longest seq_len. Returns 0, or -1 when the
+ * rows do not fit (rows_fit). */
 int bw_attend_qkv(const model_t *m, int layer, int rows, const void *qkv, const int64_t *positions,
                   const int32_t *block_table, int table_width, const int32_t *seq_lens, void *out,
                   int bf16, float *scratch, int threads) {
     if (rows < 1 || layer < 0 || layer >= m->num_layers ||
-        !decode_rows_fit(m, rows, positions, table_width, seq_lens))
+        !rows_fit(m, rows, positions, table_width, seq_lens))
         return -1;
     const layer_t *l = &m->layers[layer];
     const int D = m->head_dim, NH = m->num_heads, NKV = m->num_kv_heads;

@@ -51,7 +51,7 @@ int64_t bw_scratch_floats(const model_t *m, int rows, int threads) {
     const int64_t widest = 2 * (int64_t)m->intermediate > qkv ? 2 * (int64_t)m->intermediate : qkv;
     const int64_t k_max = widest_input(m);
     return rows * (2 * (int64_t)m->hidden + widest + k_max) + qact_floats(rows, k_max) +
-           attention_floats(m, rows, threads);
+           attention_floats(m, rows, m->max_seq_len, threads);
 }
 
 /* Every layer of `rows` decode rows. x [rows, hidden]: the embedded tokens in, the final-normed
@@ -61,7 +61,7 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
               const int32_t *block_table, int table_width, const int32_t *seq_lens,
               float *scratch, int threads) {
     if (rows < 1 || rows > MAX_ROWS || rows > m->max_rows ||
-        !decode_rows_fit(m, rows, positions, table_width, seq_lens))
+        !rows_fit(m, rows, positions, table_width, seq_lens))
         return -1;
     const int H = m->hidden, D = m->head_dim, NH = m->num_heads, NKV = m->num_kv_heads;
     const int QKV = (NH + 2 * NKV) * D, I = m->intermediate;
@@ -119,10 +119,10 @@ int bw_decode(const model_t *m, int rows, float *x, const int64_t *positions,
     return 0;
 }
 
-/* Attention alone, for the torch path's steps of more decode rows than bw_decode takes:
+/* Attention alone, for the torch path's decode steps (NativeAttention: steps with adapters):
  * q [rows, num_heads * head_dim] float32 (rotated; this step's K/V already written by the
- * torch path), out likewise; scratch: bw_attention_floats(m, rows, threads). Returns 0, or -1
- * when the arguments do not fit. */
+ * torch path), out likewise; scratch: bw_attention_floats(m, rows, the longest seq_len,
+ * threads). Returns 0, or -1 when the arguments do not fit. */
 int bw_attend(const model_t *m, int layer, int rows, const float *q, const int32_t *block_table,
               int table_width, const int32_t *seq_lens, float *out, float *scratch,
               int threads) {
@@ -137,8 +137,8 @@ int bw_attend(const model_t *m, int layer, int rows, const float *q, const int32
     return 0;
 }
 
-int64_t bw_attention_floats(const model_t *m, int rows, int threads) {
-    return attention_floats(m, rows, threads);
+int64_t bw_attention_floats(const model_t *m, int rows, int max_len, int threads) {
+    return attention_floats(m, rows, max_len, threads);
 }
 
 /* logits [rows, vocab] = lm_head(h [rows, hidden]), in float32. */

@@ -1,4 +1,5 @@
-"""The native CPU decode step: a loaded model's decode rows in one call into decode.c.
+"""The native CPU step: a loaded model's decode rows in one call into decode.c, and every other
+step with torch's products and the rest of each layer in C.
 
 `NativeDecoder.build` takes the model while its parameters are still float32 (the norms as the
 file stores them) and the quantized weights as the loader read them (the Worker asks for it
@@ -6,8 +7,10 @@ through load_model's before_cast), and lays them out for the C step: rows in til
 4-bit codes two per byte with float16 scales and biases per group of 32, 8-bit codes moved to
 unsigned bytes with float16 scales (GGUF's Q4_0, Q4_1 and Q8_0 without loss: GGUF stores its
 scales in float16; a checkpoint quantized at load loses their rounding to float16). The
-model's forward hands it steps whose every row is one decode token (`_native_serves` in
-models/llama.py); prefill, drafts, LoRA and the rest stay on the torch path.
+model's forward hands it every step without adapters (`_native_serves` in models/llama.py):
+up to MAX_ROWS decode rows go to `decode`, one call; the rest (prompt chunks, more rows,
+drafts) to `between`. Steps with adapters stay on the torch path, attending through
+`NativeAttention` when they are decode rows only.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import logging
 
+import numpy as np
 import torch
 from batchwire.kernels import AttentionMetadata
 
@@ -27,6 +31,9 @@ logger = logging.getLogger(__name__)
 MAX_ROWS = 8  # decode.c's MAX_ROWS: the most decode rows one call takes
 MAX_THREADS = 16  # the OpenMP team's largest size: the scratch holds attention scores per thread
 MAX_HEAD_DIM = 256  # decode.c's MAX_HEAD_DIM
+# The most floats between()'s attention takes at once (256 MiB): a long prompt's tokens attend
+# in slices of fewer tokens than that.
+ATTENTION_SCRATCH_FLOATS = 64 << 20
 
 
 ROW_TILE = 4  # decode.c's ROW_TILE: weight rows interleaved per tile
@@ -164,7 +171,8 @@ class NativeDecoder:
     def describe(self) -> str:
         products = self.lib.bw_products().decode()
         return (f"decode steps of up to {MAX_ROWS} rows: one native call (the stored weights "
-                f"as they are, times inputs as two int8 digits per group of 32, on {products})")
+                f"as they are, times inputs as two int8 digits per group of 32, on {products}); "
+                "more rows: torch's products, the rest of each layer in C")
 
     def _floats(self, t: torch.Tensor) -> int:
         t = t.detach().float().contiguous()
@@ -204,11 +212,8 @@ class NativeDecoder:
     def decode(self, embedded: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
                seq_lens: torch.Tensor) -> torch.Tensor:
         """embedded [R, hidden] -> the final-normed hidden states [R, hidden], the K/V of each
-        row's token written to the cache. R decode rows; positions [R] int64, block_table
-        [R, width] int32, seq_lens [R] int32 (the context after the step). Up to MAX_ROWS rows
-        run in one call and return float32; more run `decode_between` (embedded's dtype)."""
-        if embedded.shape[0] > MAX_ROWS:
-            return self.decode_between(embedded, positions, block_table, seq_lens)
+        row's token written to the cache, in float32. R <= MAX_ROWS decode rows; positions [R]
+        int64, block_table [R, width] int32, seq_lens [R] int32 (the context after the step)."""
         self._attach_cache()
         x = embedded.float().contiguous()
         if x.data_ptr() == embedded.data_ptr():
@@ -227,56 +232,75 @@ class NativeDecoder:
                              f"{positions.tolist()} with context lengths {seq_lens.tolist()}")
         return x
 
-    def decode_between(self, embedded: torch.Tensor, positions: torch.Tensor,
-                       block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-        """decode()'s step for more rows than one call takes: each layer's four products on the
-        torch path (its QuantLinear modules: oneDNN's bfloat16 GEMM at these sizes, the fastest
-        kernel here), everything between them in one C call per stretch (between.h): the
-        residual add and norm, rotary with the K/V write and attention, SiLU times up. The
-        residual stream stays float32; the products' inputs and outputs are embedded's dtype,
-        as is the result."""
+    def between(self, embedded: torch.Tensor, positions: torch.Tensor,
+                metadata: AttentionMetadata) -> torch.Tensor:
+        """Any step of tokens that decode() does not take (prompt chunks, more than MAX_ROWS
+        decode rows, drafts): embedded [T, hidden] -> the final-normed hidden states [T, hidden]
+        in embedded's dtype. Each layer's four products run on the torch path (its QuantLinear
+        modules: oneDNN's bfloat16 GEMM at these sizes, the fastest kernel here); every stretch
+        between them is one C call (between.h): the residual add and norm, rotary with the K/V
+        write and attention, SiLU times up. The residual stream stays float32."""
         self._attach_cache()
         dtype = embedded.dtype
         assert dtype in (torch.bfloat16, torch.float32), f"{dtype} activations"
         bf16 = int(dtype == torch.bfloat16)
-        rows = embedded.shape[0]
+        tokens = embedded.shape[0]
+        qsl = metadata.query_start_loc_cpu
+        assert int(qsl[-1]) == tokens, "one embedded row per scheduled token"
+        # Each token a row of its own: its request's block table, its context up to itself.
+        request = torch.from_numpy(np.repeat(np.arange(len(qsl) - 1), np.diff(qsl)))
+        tables = metadata.block_table[request].to(torch.int32).contiguous()
         positions = positions.to(torch.int64).contiguous()
-        block_table = block_table.to(torch.int32).contiguous()
-        seq_lens = seq_lens.to(torch.int32).contiguous()
+        seq_lens = (positions + 1).to(torch.int32)
         threads = min(torch.get_num_threads(), MAX_THREADS)
-        need = self.lib.bw_attend_qkv_floats(self.model, rows, threads)
-        if self._attention_scratch.numel() < need:
-            self._attention_scratch = torch.empty(need)
+        slices = self._attention_slices(tokens, int(seq_lens.max()), threads)
         lib, model = self.lib, self.model
         resid = embedded.float().contiguous()
         if resid.data_ptr() == embedded.data_ptr():
             resid = resid.clone()
-        h = torch.empty(rows, model.hidden, dtype=dtype)
-        attended = torch.empty(rows, model.num_heads * model.head_dim, dtype=dtype)
-        act = torch.empty(rows, model.intermediate, dtype=dtype)
+        h = torch.empty(tokens, model.hidden, dtype=dtype)
+        attended = torch.empty(tokens, model.num_heads * model.head_dim, dtype=dtype)
+        act = torch.empty(tokens, model.intermediate, dtype=dtype)
         added: torch.Tensor | None = None  # the last product's output, not yet in the stream
         for i, layer in enumerate(self._decoder_layers):
             input_norm, post_norm = self._norms[i]
-            lib.bw_add_norm(model, input_norm, rows, resid.data_ptr(),
+            lib.bw_add_norm(model, input_norm, tokens, resid.data_ptr(),
                             None if added is None else added.data_ptr(), h.data_ptr(), bf16,
                             threads)
             qkv = layer.self_attn.qkv_proj(h).contiguous()
-            code = lib.bw_attend_qkv(model, i, rows, qkv.data_ptr(), positions.data_ptr(),
-                                     block_table.data_ptr(), block_table.shape[1],
-                                     seq_lens.data_ptr(), attended.data_ptr(), bf16,
-                                     self._attention_scratch.data_ptr(), threads)
-            if code != 0:
-                raise ValueError(f"native attention refused {rows} rows at positions "
-                                 f"{positions.tolist()} with context lengths {seq_lens.tolist()}")
+            # In slices of tokens, in order: a token attends only its request's earlier tokens,
+            # whose K/V an earlier slice (or this one, first) wrote.
+            for start, end in slices:
+                code = lib.bw_attend_qkv(
+                    model, i, end - start, qkv[start].data_ptr(), positions[start].data_ptr(),
+                    tables[start].data_ptr(), tables.shape[1], seq_lens[start].data_ptr(),
+                    attended[start].data_ptr(), bf16, self._attention_scratch.data_ptr(),
+                    threads)
+                if code != 0:
+                    raise ValueError(f"native attention refused tokens at positions "
+                                     f"{positions[start:end].tolist()}")
             o = layer.self_attn.o_proj(attended).contiguous()
-            lib.bw_add_norm(model, post_norm, rows, resid.data_ptr(), o.data_ptr(), h.data_ptr(),
-                            bf16, threads)
+            lib.bw_add_norm(model, post_norm, tokens, resid.data_ptr(), o.data_ptr(),
+                            h.data_ptr(), bf16, threads)
             gate_up = layer.mlp.gate_up_proj(h).contiguous()
-            lib.bw_silu_mul(model, rows, gate_up.data_ptr(), act.data_ptr(), bf16, threads)
+            lib.bw_silu_mul(model, tokens, gate_up.data_ptr(), act.data_ptr(), bf16, threads)
             added = layer.mlp.down_proj(act).contiguous()
-        lib.bw_add_norm(model, self._final_norm, rows, resid.data_ptr(),
+        lib.bw_add_norm(model, self._final_norm, tokens, resid.data_ptr(),
                         None if added is None else added.data_ptr(), h.data_ptr(), bf16, threads)
         return h
+
+    def _attention_slices(self, tokens: int, longest: int, threads: int
+                          ) -> list[tuple[int, int]]:
+        """[start, end) slices of the step's tokens whose attention scratch (each token's part
+        per chunk of its context) fits ATTENTION_SCRATCH_FLOATS; the scratch grown to fit."""
+        floats = self.lib.bw_attend_qkv_floats
+        base = floats(self.model, 0, longest, threads)
+        per_token = floats(self.model, 1, longest, threads) - base
+        size = max(1, min(tokens, (ATTENTION_SCRATCH_FLOATS - base) // per_token))
+        need = floats(self.model, size, longest, threads)
+        if self._attention_scratch.numel() < need:
+            self._attention_scratch = torch.empty(need)
+        return [(start, min(start + size, tokens)) for start in range(0, tokens, size)]
 
     def attend(self, layer: int, query: torch.Tensor, metadata: AttentionMetadata
                ) -> torch.Tensor:
@@ -290,7 +314,7 @@ class NativeDecoder:
         block_table = metadata.block_table[:rows].to(torch.int32).contiguous()
         seq_lens = metadata.seq_lens[:rows].to(torch.int32).contiguous()
         threads = min(torch.get_num_threads(), MAX_THREADS)
-        need = self.lib.bw_attention_floats(self.model, rows, threads)
+        need = self.lib.bw_attention_floats(self.model, rows, int(seq_lens.max()), threads)
         if self._attention_scratch.numel() < need:
             self._attention_scratch = torch.empty(need)
         code = self.lib.bw_attend(
@@ -318,10 +342,11 @@ class NativeDecoder:
 
 
 class NativeAttention:
-    """An Attention module's kernel (`attend`, models/llama.py) that runs steps of decode rows
-    only in decode.c, reading the paged cache in place, where the torch path gathers each
-    group's blocks into new tensors per layer (48% of a 64-row step on the Intel Xeon of
-    docs/performance.md). Steps with a prompt chunk go to the kernel it replaces."""
+    """An Attention module's kernel (`attend`, models/llama.py) for the steps the torch path
+    keeps (with adapters): those of decode rows only attend in decode.c, reading the paged
+    cache in place, where the torch kernel gathers each group's blocks into new tensors per
+    layer (48% of a 64-row step on the Intel Xeon of docs/performance.md). Steps with a prompt
+    chunk go to the kernel it replaces."""
 
     def __init__(self, decoder: NativeDecoder, layer: int, fallback: AttendFn) -> None:
         self.decoder, self.layer, self.fallback = decoder, layer, fallback

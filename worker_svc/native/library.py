@@ -118,7 +118,8 @@ def load(march: str = "native") -> ctypes.CDLL | None:
                               ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
                               ctypes.c_void_p, ctypes.c_int]
     lib.bw_attention_floats.restype = ctypes.c_int64
-    lib.bw_attention_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
+    lib.bw_attention_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int,
+                                        ctypes.c_int]
     lib.bw_add_norm.restype = ctypes.c_int
     lib.bw_add_norm.argtypes = [ctypes.POINTER(Model), ctypes.c_void_p, ctypes.c_int,
                                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
@@ -129,7 +130,8 @@ def load(march: str = "native") -> ctypes.CDLL | None:
                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                   ctypes.c_int]
     lib.bw_attend_qkv_floats.restype = ctypes.c_int64
-    lib.bw_attend_qkv_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
+    lib.bw_attend_qkv_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int,
+                                         ctypes.c_int]
     lib.bw_silu_mul.restype = ctypes.c_int
     lib.bw_silu_mul.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]

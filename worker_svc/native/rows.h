@@ -39,9 +39,9 @@ static void write_cache(const model_t *m, void *cache, int kv_head, int64_t slot
     }
 }
 
-/* Whether rows of one decode token each fit the step: context lengths within the model's and
- * the block table's, each row's position the last of its context. */
-static int decode_rows_fit(const model_t *m, int rows, const int64_t *positions,
+/* Whether rows of one token each fit the step: context lengths within the model's and the
+ * block table's, each row's position the last of its context. */
+static int rows_fit(const model_t *m, int rows, const int64_t *positions,
                            int table_width, const int32_t *seq_lens) {
     for (int r = 0; r < rows; r++)
         if (seq_lens[r] < 1 || seq_lens[r] > m->max_seq_len || positions[r] != seq_lens[r] - 1 ||

@@ -64,7 +64,7 @@ class Worker:
         def build_native(model: LlamaForCausalLM, stored: dict[str, QuantizedWeight]) -> None:
             # A plain attribute: the cast to the serving dtype that follows leaves it alone.
             native = model.native = NativeDecoder.build(model, stored, config.max_model_len)
-            if native is not None:  # decode steps of more rows attend natively too
+            if native is not None:  # the torch path's decode steps (adapters) attend natively
                 NativeAttention.install(native, model)
 
         # The native decode step serves a whole model's quantized weights, unsharded.

@@ -51,9 +51,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "--cpu-decode",
         choices=CPU_DECODES,
         default=env_default("cpu_decode", _DEFAULTS["cpu_decode"]),
-        help="CPU decode steps: native = up to 8 decode rows in one compiled C call where the "
-        "weights are served quantized (torch where it cannot); torch = every step on the torch "
-        "path (default: %(default)s)",
+        help="CPU steps: native = up to 8 decode rows in one compiled C call, other steps "
+        "torch's products with the rest in C, where the weights are served quantized (torch "
+        "where it cannot); torch = every step on the torch path (default: %(default)s)",
     )
     model.add_argument(
         "--device",
