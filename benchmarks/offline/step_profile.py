@@ -18,7 +18,8 @@ from worker_svc.models.step_ops import StepTables
 PARTS = {
     "scheduler": "schedule(), grammar bitmask, update_from_output() (token stop checks)",
     "runner inputs": "validation, _update_states (persistent batch), _prepare_inputs",
-    "attention": "the K/V cache write + paged attention, all layers",
+    "attention": "the K/V cache write + paged attention, all layers (with the native step: "
+                 "rotary too; its one call for a few decode rows counts as model, rest)",
     "model, rest": "forward pass less attention: matmuls, norms, rotary, activations",
     "LM head": "logits of the sampled rows",
     "sampling": "sampler and recording the sampled tokens",
@@ -42,6 +43,9 @@ def profile_step(llm: Any, workload: Workload) -> dict[str, Any]:
     splits.wrap(StepTables, "write_kv", "attention")
     for layer in model.attention_layers():
         splits.wrap(layer, "attend", "attention")
+    native = getattr(model, "native", None)
+    if native is not None:  # the native step's C call from q|k|v to attention's output
+        splits.wrap(native.lib, "bw_attend_qkv", "attention")
     splits.wrap(model, "forward", "model, rest")
     splits.wrap(model, "compute_logits", "LM head")
     splits.wrap(runner, "sampler", "sampling")
