@@ -29,6 +29,7 @@ from worker_svc.models.forward_context import set_forward_context
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.native import library
 from worker_svc.native.decoder import (
+    PROMPT_CONTEXT_LIMIT,
     NativeAttention,
     NativeDecoder,
     pack_int4,
@@ -333,6 +334,12 @@ def test_a_prompt_chunk_runs_between_torchs_products_not_in_one_call(float32_nat
     logits = step_logits(model, [1, 2, 3, 4], [0, 1, 2, 3],
                          prefill_metadata([4], [[1]], block))
     assert calls == {"decode": [], "between": [4]} and logits.shape[0] == 4
+    # A prompt attending past PROMPT_CONTEXT_LIMIT positions: the torch path (faster there).
+    long = PROMPT_CONTEXT_LIMIT + 1
+    table = [list(range(1, -(-long // block) + 1))]
+    with torch.inference_mode(), set_forward_context(prefill_metadata([long], table, block)):
+        model(torch.arange(100, 100 + long), torch.arange(long))
+    assert calls == {"decode": [], "between": [4]}
 
 
 def test_int4_packing_holds_the_codes_and_the_weight():

@@ -32,13 +32,16 @@ AttendFn = Callable[
 
 class DecodeStep(Protocol):
     """The native CPU step (worker_svc/native/decoder.py's NativeDecoder): every layer of a
-    step of up to max_rows decode rows in one call (decode), every layer of any other step with
-    torch's products and the rest in C (between), and the LM head of up to max_rows rows."""
+    step of up to max_rows decode rows in one call (decode), every layer of the other steps it
+    serves with torch's products and the rest in C (between), and the LM head of up to max_rows
+    rows."""
 
     max_rows: int
 
     def decode(self, embedded: torch.Tensor, positions: torch.Tensor, block_table: torch.Tensor,
                seq_lens: torch.Tensor) -> torch.Tensor: ...
+
+    def serves(self, metadata: kernels.AttentionMetadata) -> bool: ...
 
     def between(self, embedded: torch.Tensor, positions: torch.Tensor,
                 metadata: kernels.AttentionMetadata) -> torch.Tensor: ...
@@ -255,12 +258,14 @@ class LlamaForCausalLM(nn.Module):
         """
         if self.native is not None and intermediate is None:
             metadata = get_attention_metadata()
+            rows = metadata.num_reqs
             if self._native_serves(input_ids, metadata):
-                rows, embedded = metadata.num_reqs, self._embed(input_ids)
                 if metadata.decode_only and rows <= self.native.max_rows:
-                    return self.native.decode(embedded, positions, metadata.block_table[:rows],
+                    return self.native.decode(self._embed(input_ids), positions,
+                                              metadata.block_table[:rows],
                                               metadata.seq_lens[:rows])
-                return self.native.between(embedded, positions, metadata)
+                if self.native.serves(metadata):
+                    return self.native.between(self._embed(input_ids), positions, metadata)
         residual = None
         if intermediate is None:
             x = self._embed(input_ids)

@@ -31,6 +31,12 @@ logger = logging.getLogger(__name__)
 MAX_ROWS = 8  # decode.c's MAX_ROWS: the most decode rows one call takes
 MAX_THREADS = 16  # the OpenMP team's largest size: the scratch holds attention scores per thread
 MAX_HEAD_DIM = 256  # decode.c's MAX_HEAD_DIM
+# The longest context a prompt chunk's tokens attend over in between(): each attends on its own
+# there, where the torch kernel multiplies a request's queries by its keys as matrices, and
+# catches up at ~512 positions (benchmarks/offline/prefill_paths.py, runs on the noisy Xeon of
+# docs/performance.md: a 256-token prompt's step 1.20-1.49x as fast in between(), 512 tokens
+# 0.99-1.05x, 1024 0.83x, 2048 0.76-0.96x). Longer ones: the torch path.
+PROMPT_CONTEXT_LIMIT = 512
 # The most floats between()'s attention takes at once (256 MiB): a long prompt's tokens attend
 # in slices of fewer tokens than that.
 ATTENTION_SCRATCH_FLOATS = 64 << 20
@@ -231,6 +237,12 @@ class NativeDecoder:
             raise ValueError(f"native decode refused {rows} rows at positions "
                              f"{positions.tolist()} with context lengths {seq_lens.tolist()}")
         return x
+
+    def serves(self, metadata: AttentionMetadata) -> bool:
+        """Whether between() takes this step: no prompt chunk in it attends over more than
+        PROMPT_CONTEXT_LIMIT positions."""
+        prompt = np.diff(metadata.query_start_loc_cpu) > 1
+        return not bool((metadata.seq_lens_cpu[prompt] > PROMPT_CONTEXT_LIMIT).any())
 
     def between(self, embedded: torch.Tensor, positions: torch.Tensor,
                 metadata: AttentionMetadata) -> torch.Tensor:
