@@ -202,17 +202,7 @@ def test_each_product_is_the_rounded_input_times_the_stored_weight(bits, march):
 def prefill_metadata(lengths: list[int], tables: list[list[int]], block: int
                      ) -> AttentionMetadata:
     """Each request's first `length` tokens in one step (the torch path's prefill)."""
-    qsl = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
-    seq = np.array(lengths, dtype=np.int32)
-    table = np.array(tables, dtype=np.int32)
-    slots = np.concatenate([table[r, np.arange(n) // block] * block + np.arange(n) % block
-                            for r, n in enumerate(lengths)])
-    return AttentionMetadata(
-        num_actual_tokens=int(qsl[-1]), query_start_loc=torch.from_numpy(qsl),
-        seq_lens=torch.from_numpy(seq), block_table=torch.from_numpy(table),
-        slot_mapping=torch.from_numpy(slots.astype(np.int64)), max_query_len=max(lengths),
-        max_seq_len=max(lengths), query_start_loc_cpu=qsl, seq_lens_cpu=seq,
-    )  # fmt: skip
+    return chunk_metadata([0] * len(lengths), lengths, tables, block)
 
 
 def chunk_metadata(starts: list[int], ends: list[int], tables: list[list[int]], block: int
