@@ -141,8 +141,8 @@ class NativeDecoder:
         self._cache_ptr = 0
         self._scratch = torch.empty(lib.bw_scratch_floats(self.model, MAX_ROWS, MAX_THREADS))
         self._attention_scratch = torch.empty(0)  # grown to the largest step bw_attend served
-        # Steps of more rows: each layer's projections (their torch modules, read at each step:
-        # the loader may replace them after this) and the norms' float32 weights.
+        # For between(): each layer's projections (their torch modules, read at each step: the
+        # loader may replace them after this) and the norms' float32 weights.
         self._decoder_layers = layers
         self._norms = [(self.layers[i].input_norm, self.layers[i].post_norm)
                        for i in range(len(layers))]
@@ -178,7 +178,7 @@ class NativeDecoder:
         products = self.lib.bw_products().decode()
         return (f"decode steps of up to {MAX_ROWS} rows: one native call (the stored weights "
                 f"as they are, times inputs as two int8 digits per group of 32, on {products}); "
-                "more rows: torch's products, the rest of each layer in C")
+                "other steps: torch's products, the rest of each layer in C")
 
     def _floats(self, t: torch.Tensor) -> int:
         t = t.detach().float().contiguous()
