@@ -38,6 +38,21 @@ def parse_prompts(spec: str) -> list[int]:
     return [int(length)] * int(count or 1)
 
 
+def one_step(model, path: str, ids: torch.Tensor, positions: torch.Tensor,
+             metadata: object) -> None:
+    """One forward of the step on `path`: between() called directly (the model's forward sends
+    prompts past PROMPT_CONTEXT_LIMIT to the torch path), or the torch path."""
+    native = model.native
+    if path == "between":
+        native.between(model._embed(ids), positions, metadata)
+        return
+    model.native = None
+    try:
+        model(ids, positions)
+    finally:
+        model.native = native
+
+
 def main() -> None:
     from batchwire.common.worker_config import WorkerConfig
 
@@ -66,20 +81,12 @@ def main() -> None:
         positions = torch.cat([torch.arange(n) for n in lengths])
         times: dict[str, list[float]] = {"between": [], "torch": []}
         with torch.inference_mode(), set_forward_context(metadata):
-            for name in ("between", "torch"):  # warm-up
-                model.native = native if name == "between" else None
-                model(ids, positions)
+            for name in times:  # warm-up
+                one_step(model, name, ids, positions, metadata)
             for _ in range(args.rounds):
-                for name in ("between", "torch"):
+                for name in times:
                     start = time.perf_counter()
-                    # between() called directly: the model's forward sends longer prompts to
-                    # the torch path (NativeDecoder.serves)
-                    if name == "between":
-                        native.between(model._embed(ids), positions, metadata)
-                    else:
-                        model.native = None
-                        model(ids, positions)
-                        model.native = native
+                    one_step(model, name, ids, positions, metadata)
                     times[name].append((time.perf_counter() - start) * 1e3)
         b, t = statistics.median(times["between"]), statistics.median(times["torch"])
         print(f"  {spec} tokens: between {b:.0f} ms, torch {t:.0f} ms, between {t / b:.2f}x as "

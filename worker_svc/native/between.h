@@ -11,8 +11,6 @@
  * once, by decode.c. */
 #pragma once
 
-#include <stdlib.h>
-
 #include "attention.h"
 #include "common.h"
 #include "rows.h"
@@ -99,21 +97,23 @@ int bw_attend_qkv(const model_t *m, int layer, int rows, const void *qkv, const 
     return 0;
 }
 
-/* out [rows, I] = silu(gate) * up from gate|up [rows, 2 I], both in the products' dtype. */
+/* out [rows, I] = silu(gate) * up from gate|up [rows, 2 I], both in the products' dtype; in
+ * pieces of SILU_PIECE features, so that no buffer grows with the model. */
+#define SILU_PIECE 256
 int bw_silu_mul(const model_t *m, int rows, const void *gate_up, void *out, int bf16,
                 int threads) {
-    const int I = m->intermediate;
-    #pragma omp parallel num_threads(threads)
-    {
-        float *gate = (float *)malloc(sizeof(float) * 2 * (size_t)I);
-        #pragma omp for schedule(static)
-        for (int r = 0; r < rows; r++) {
-            to_floats((const char *)gate_up + (int64_t)r * 2 * I * (bf16 ? 2 : 4), bf16, 2 * I,
-                      gate);
-            silu_mul(I, gate, gate + I, gate);
-            from_floats(gate, I, bf16, (char *)out + (int64_t)r * I * (bf16 ? 2 : 4));
+    const int I = m->intermediate, size = bf16 ? 2 : 4;
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (int r = 0; r < rows; r++) {
+        const char *gate = (const char *)gate_up + (int64_t)r * 2 * I * size;
+        for (int at = 0; at < I; at += SILU_PIECE) {
+            const int n = I - at < SILU_PIECE ? I - at : SILU_PIECE;
+            float g[SILU_PIECE], u[SILU_PIECE];
+            to_floats(gate + (int64_t)at * size, bf16, n, g);
+            to_floats(gate + ((int64_t)I + at) * size, bf16, n, u);
+            silu_mul(n, g, u, g);
+            from_floats(g, n, bf16, (char *)out + ((int64_t)r * I + at) * size);
         }
-        free(gate);
     }
     return 0;
 }
