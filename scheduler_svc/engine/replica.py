@@ -60,27 +60,30 @@ class Replica:
             reply = None if core.async_scheduling else step.sampled
         return None if reply is None or reply_ready(reply) else reply
 
-    def advance(self) -> list[EngineCoreOutput]:
-        """Makes the calls of this replica's step whose replies are in (raises
-        WorkerUnavailableError when its group failed); returns the requests' outputs."""
-        core, outputs = self.core, list[EngineCoreOutput]()
+    def advance(self, outputs: list[EngineCoreOutput]) -> None:
+        """Makes the calls of this replica's step whose replies are in, adding the requests'
+        outputs to `outputs` as they are made; raises WorkerUnavailableError when its group
+        failed. Outputs made before a failure are in `outputs` by then: async, a call applies
+        the step before's tokens to the requests before the next reply is read, and a token
+        applied there moves with its request, so its client must get it."""
+        core = self.core
         step = self.launched
         if step is None:
             if self.awaited_reply() is not None or not core.has_requests():
-                return outputs
+                return
             step = core.launch_step()
             outputs += core.apply_in_flight()  # async: the step before's tokens, while it runs
             if step is None:
-                return outputs
+                return
             self.launched = step
         if step.sampled is None:
             if self.awaited_reply() is not None:
-                return outputs
+                return
             core.sample_step(step)
         if self.awaited_reply() is not None:
-            return outputs
+            return
         self.launched = None
-        return outputs + core.finish_step(step)
+        outputs += core.finish_step(step)
 
 
 def wait_for_a_reply(replicas: Sequence[Replica], interrupted: Callable[[], bool]) -> None:

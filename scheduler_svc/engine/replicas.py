@@ -199,7 +199,7 @@ class ReplicatedEngine:
         wait_for_a_reply(stepping, interrupted=lambda: not self.inbox.empty())
         for replica in stepping:
             try:
-                outputs += replica.advance()
+                replica.advance(outputs)
             except WorkerUnavailableError as e:
                 failed.append(self._log_failure(replica, e))
         lost = []

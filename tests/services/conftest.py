@@ -89,12 +89,31 @@ class WorkerProcess:
         else:
             os.kill(self.ranks[rank]["pid"], sig)
 
+    def wait_gone(self, rank: int, timeout_s: float = 10.0) -> None:
+        """Returns once a rank's process has exited (its sockets are closed)."""
+        pid = self.ranks[rank]["pid"]
+        if pid == self.process.pid:
+            self.process.wait(timeout_s)
+            return
+        deadline = time.monotonic() + timeout_s
+        while os.path.exists(f"/proc/{pid}") and _state(pid) != "Z":
+            assert time.monotonic() < deadline, f"rank {rank} (pid {pid}) did not exit"
+            time.sleep(0.01)
+
     def kill(self) -> None:
         try:
             os.killpg(self.process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
         self.process.wait()
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "Z"
 
 
 @pytest.fixture()

@@ -18,6 +18,7 @@ import pytest
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.engine.engine_core import EngineCore
 from scheduler_svc.engine.replicas import NoReplicaError, ReplicatedEngine
+from scheduler_svc.executors.replies import reply_ready
 from scheduler_svc.service.registry import WorkerRegistryServicer, add_registry_to_server
 
 from .conftest import scheduler_config
@@ -118,8 +119,16 @@ def test_killed_replica_requests_move_and_finish_unchanged(backend, async_schedu
         for i, (prompt, max_tokens) in enumerate(WORKLOAD):
             engine.add_request(prompt, mixed(i, max_tokens), request_id=f"r{i}")
         streams = Streams()
-        streams.until_every_request_runs(engine)
+        # The kill lands between two steps with nothing awaited: under async scheduling the
+        # dead replica holds a sampled step whose tokens are applied while the next one is
+        # launched, which is where a token could be applied and never delivered.
+        doomed = engine.replicas[1]
+        streams.until_every_request_runs(engine, also=lambda: doomed.launched is None)
+        reply = doomed.awaited_reply()
+        assert reply is None or reply_ready(reply, timeout_s=10)
         workers[1].signal(signal.SIGKILL, rank=0)
+        workers[1].wait_gone(rank=0)
+        launch_fails_while_tokens_apply(doomed.core)
         start = time.monotonic()
         while len(engine.replicas) == 2:
             streams.take(engine.step())
@@ -132,6 +141,26 @@ def test_killed_replica_requests_move_and_finish_unchanged(backend, async_schedu
         assert streams.counts == {r: len(t) for r, t in reference.items()}
     finally:
         engine.shutdown()
+
+
+def launch_fails_while_tokens_apply(core: EngineCore) -> None:
+    """Makes certain the order a race gives now and then: the step launched to a dead worker
+    has failed by the time the step before's tokens are applied (they must still reach the
+    client)."""
+    launch, apply = core.launch_step, core.apply_in_flight
+    launched = []
+
+    def launch_step():
+        launched.append(launch())
+        return launched[-1]
+
+    def apply_in_flight():
+        outputs = apply()
+        if launched[-1] is not None:
+            assert reply_ready(launched[-1].forward, timeout_s=10)
+        return outputs
+
+    core.launch_step, core.apply_in_flight = launch_step, apply_in_flight
 
 
 def test_last_replica_killed_fails_its_requests_with_unavailable(start_worker, tiny_llama):
