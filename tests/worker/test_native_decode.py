@@ -29,6 +29,7 @@ from worker_svc.models.forward_context import set_forward_context
 from worker_svc.models.llama import LlamaForCausalLM
 from worker_svc.native import library
 from worker_svc.native.decoder import (
+    EXACT_TOP,
     PROMPT_CONTEXT_LIMIT,
     NativeAttention,
     NativeDecoder,
@@ -170,6 +171,8 @@ def stored_like_the_file(n: int, k: int, bits: int) -> QuantizedWeight:
     return QuantizedWeight(8, codes, scale, torch.zeros_like(scale), 32, "Q8_0-like")
 
 
+MAX_TOP = 16  # head.h's
+
 # Each form of the products, built on any x86 machine: the first this CPU runs (AVX-512 VNNI
 # where it has them), AVX2, and the portable loop.
 BUILDS = {"native": None, "haswell": b"avx2", "x86-64": b"portable"}
@@ -197,6 +200,39 @@ def test_each_product_is_the_rounded_input_times_the_stored_weight(bits, march):
         expected = round_to_digits(x).double() @ dense.double().T
         torch.testing.assert_close(y.double(), expected, rtol=1e-5, atol=1e-4,
                                    msg=f"{rows} rows")
+
+
+@pytest.mark.parametrize("march", BUILDS)
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_head_of_more_rows_widens_bfloat16_logits_and_makes_each_rows_top_exact(bits, march):
+    """bw_head_logits, past one call's rows: each logit is torch's bfloat16 one widened, except
+    each row's EXACT_TOP largest, which are the stored head's own values times the hidden
+    state (a vocabulary not a multiple of 16, for the tail)."""
+    lib = library.load(march)
+    assert lib is not None
+    vocab, hidden_size, rows = 1000, 576, 12
+    weight = stored_like_the_file(vocab, hidden_size, bits)
+    packed = pack_int4(weight) if bits == 4 else pack_int8(weight)
+    model = library.Model(lm_head=library.QMat(bits, vocab, hidden_size,
+                                               *(t.data_ptr() for t in packed),
+                                               *([None] if bits == 8 else [])))
+    torch.manual_seed(bits)
+    hidden = torch.randn(rows, hidden_size)
+    exact = hidden.double() @ weight.dequantize().double().T
+    rough = exact.to(torch.bfloat16)  # as torch's bfloat16 GEMM hands its output back
+    out = torch.empty(rows, vocab)
+    for top in (0, MAX_TOP + 1):
+        assert lib.bw_head_logits(model, rows, hidden.data_ptr(), rough.data_ptr(),
+                                  out.data_ptr(), top, 2) == -1
+    assert lib.bw_head_logits(model, rows, hidden.data_ptr(), rough.data_ptr(), out.data_ptr(),
+                              EXACT_TOP, 2) == 0
+    widened = rough.float()
+    bar = widened.topk(EXACT_TOP).values[:, -1:]  # ties at the bar may go either way
+    above, below = widened > bar, widened < bar
+    torch.testing.assert_close(out[above].double(), exact[above], rtol=1e-5, atol=1e-4)
+    assert torch.equal(out[below], widened[below])
+    assert ((out != widened).sum(-1) <= EXACT_TOP).all()
+    assert torch.equal(out.argmax(-1), exact.argmax(-1))
 
 
 def prefill_metadata(lengths: list[int], tables: list[list[int]], block: int

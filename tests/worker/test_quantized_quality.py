@@ -156,14 +156,16 @@ def test_the_served_decode_steps_stay_close_to_the_float32_reference(served_work
     assert top1 >= 0.99 and kl <= 0.01
 
 
-def test_decode_steps_of_more_rows_stay_as_close_as_the_torch_path(served_worker, reference,
+def test_decode_steps_of_more_rows_stay_close_to_the_float32_reference(served_worker, reference,
                                                                   text_ids, monkeypatch):
     """Steps of more decode rows than one native call takes (W64's: NativeDecoder.between,
-    bfloat16 GEMMs of the de-quantised weights, the rest in C with a float32 residual stream):
-    the 8 windows and the first again as a ninth row, side by side for their first 160 tokens,
-    against the float32 reference on the same tokens: within the bfloat16 torch path's bound
-    above. Measured: top-1 0.9757, mean KL 0.00066 nats over 9 x 160 tokens (the torch path in
-    bfloat16 on its 3 windows: 0.9644, 0.0022)."""
+    bfloat16 GEMMs of the de-quantised weights, the rest in C with a float32 residual stream;
+    the LM head's bfloat16 logits with each row's top EXACT_TOP computed again from the stored
+    head): the 8 windows and the first again as a ninth row, side by side for their first 160
+    tokens, against the float32 reference on the same tokens. Measured: top-1 0.9910, mean KL
+    0.00036 nats over 9 x 160 tokens; 0.9757 / 0.00066 with the head's bfloat16 logits as they
+    are (the torch path in bfloat16 on its 3 windows: 0.9644, 0.0022). The bound leaves room
+    for another CPU's GEMM to flip a few near-ties the other way."""
     native = served_worker.model.native
     assert native is not None
     length = 160
@@ -178,4 +180,4 @@ def test_decode_steps_of_more_rows_stay_as_close_as_the_torch_path(served_worker
     top1, kl = agreement([r[:length] for r in [*reference, reference[0]]], ours)
     print(f"\ndecode steps of 9 rows: top-1 agreement {top1:.4f}, mean KL {kl:.5f} over "
           f"{sum(len(w) for w in windows)} tokens")
-    assert top1 >= 0.95 and kl <= 0.01
+    assert top1 >= 0.985 and kl <= 0.001

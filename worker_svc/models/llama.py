@@ -33,8 +33,8 @@ AttendFn = Callable[
 class DecodeStep(Protocol):
     """The native CPU step (worker_svc/native/decoder.py's NativeDecoder): every layer of a
     step of up to max_rows decode rows in one call (decode), every layer of the other steps it
-    serves with torch's products and the rest in C (between), and the LM head of up to max_rows
-    rows."""
+    serves with torch's products and the rest in C (between), and the LM head: the stored one
+    in C up to max_rows rows, past that the model's own with each row's top logits exact."""
 
     max_rows: int
 
@@ -46,7 +46,8 @@ class DecodeStep(Protocol):
     def between(self, embedded: torch.Tensor, positions: torch.Tensor,
                 metadata: kernels.AttentionMetadata) -> torch.Tensor: ...
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+    def logits(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]
+               ) -> torch.Tensor: ...
 
 
 def with_lora(stack: LoRAStack | None, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -301,7 +302,7 @@ class LlamaForCausalLM(nn.Module):
         Every rank then samples the same tokens from the same logits, so ranks stay in step.
         """
         assert self.lm_head is not None, "only the last stage computes logits"
-        if self.native is not None and hidden.shape[0] <= self.native.max_rows:
-            return self.native.logits(hidden)  # the stored head (Q8_0 as it is), float32
+        if self.native is not None:  # the stored head (Q8_0 as it is) sets the top logits
+            return self.native.logits(hidden, self.lm_head)
         logits = self.lm_head(hidden).float()
         return self.tp.all_gather_last_dim(logits, self.plan.vocab_sizes)

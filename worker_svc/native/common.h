@@ -57,6 +57,20 @@ typedef struct {
     float *sum;       /* [rows, k / 32]: the group's sum as quantized, the bias term's factor */
 } qact;
 
+/* A float16 scale or bias, widened without F16C (every build has this one). */
+static inline float half_to_float(uint16_t h) {
+    const uint32_t exponent = (h >> 10) & 31, mantissa = h & 1023;
+    float f;
+    if (exponent == 0) {
+        f = ldexpf((float)mantissa, -24);  /* zero or subnormal */
+    } else {
+        const uint32_t u = exponent == 31 ? 0x7f800000u | (mantissa << 13)
+                                          : ((exponent + 112) << 23) | (mantissa << 13);
+        memcpy(&f, &u, 4);
+    }
+    return h & 0x8000 ? -f : f;
+}
+
 static inline f32x16 load16(const float *p) { f32x16 v; memcpy(&v, p, 64); return v; }
 static inline void store16(float *p, f32x16 v) { memcpy(p, &v, 64); }
 static inline float hsum(f32x16 v) {  /* a tree of four adds, not fifteen in a chain */
@@ -67,6 +81,15 @@ static inline float hsum(f32x16 v) {  /* a tree of four adds, not fifteen in a c
     a += b;
     f32x4 c = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
     return (c[0] + c[2]) + (c[1] + c[3]);
+}
+static inline float hmax(f32x16 v) {
+#ifdef __AVX512F__
+    return _mm512_reduce_max_ps((__m512)v);
+#else
+    float top = v[0];
+    for (int i = 1; i < 16; i++) top = v[i] > top ? v[i] : top;
+    return top;
+#endif
 }
 static inline f32x16 bf16x16(const uint16_t *p) {
 #ifdef __AVX512F__  /* one widening instruction (the generic form splits it in halves) */

@@ -12,8 +12,9 @@
  * common.h) from the loaded model, and library.py compiles this file, with the parts it
  * includes (products.h: the products; attention.h: attention over the paged cache; rows.h: the
  * norm, rotary, the K/V write and SiLU of a row; between.h: those parts alone, called between
- * torch's products for steps of more rows), with the machine's C compiler; the torch path stays
- * the reference (tests/worker/test_native_decode.py).
+ * torch's products for steps of more rows; head.h: the exact top logits of those steps), with
+ * the machine's C compiler; the torch path stays the reference
+ * (tests/worker/test_native_decode.py).
  *
  * Weights: w[n, k] = q * scale[n, g] + bias[n, g], g = k / 32, q unsigned (vpdpbusd multiplies
  * unsigned bytes by signed ones): 4-bit q in 0..15, as GGUF's Q4_0 / Q4_1 blocks; 8-bit q =
@@ -28,6 +29,7 @@
 #include "attention.h"
 #include "between.h"
 #include "common.h"
+#include "head.h"
 #include "products.h"
 #include "rows.h"
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -29,6 +30,9 @@ from worker_svc.quant.blocks import GROUP, INT4_OFFSET, QuantizedWeight
 logger = logging.getLogger(__name__)
 
 MAX_ROWS = 8  # decode.c's MAX_ROWS: the most decode rows one call takes
+# Logits computed again exactly per row, past one call's rows (head.h): the top token and its
+# nearest rivals; on the quality text 4 already gave what 16 did.
+EXACT_TOP = 8
 MAX_THREADS = 16  # the OpenMP team's largest size: the scratch holds attention scores per thread
 MAX_HEAD_DIM = 256  # decode.c's MAX_HEAD_DIM
 # The longest context a prompt chunk's tokens attend over in between(): each attends on its own
@@ -340,16 +344,27 @@ class NativeDecoder:
             result = torch.cat([result, query.new_zeros(query.shape[0] - rows, *query.shape[1:])])
         return result
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [R, hidden] -> float32 logits [R, vocab], from the stored LM head."""
-        hidden = hidden.float().contiguous()
+    def logits(self, hidden: torch.Tensor, head: Callable[[torch.Tensor], torch.Tensor]
+               ) -> torch.Tensor:
+        """hidden [R, hidden] -> float32 logits [R, vocab]. Up to MAX_ROWS rows: the stored LM
+        head in C, as decode() computes its products. More: `head` (the model's QuantLinear,
+        torch's GEMM, which reads the head once for all rows), whose bfloat16 logits get each
+        row's EXACT_TOP largest computed again from the stored head (head.h says why)."""
         rows = hidden.shape[0]
-        out = torch.empty(rows, self.model.lm_head.n)
         threads = min(torch.get_num_threads(), MAX_THREADS)
-        for start in range(0, rows, MAX_ROWS):
-            part = hidden[start:start + MAX_ROWS]
-            self.lib.bw_lm_head(self.model, part.shape[0], part.data_ptr(),
-                                out[start].data_ptr(), self._scratch.data_ptr(), threads)
+        hidden32 = hidden.float().contiguous()
+        out = torch.empty(rows, self.model.lm_head.n)
+        if rows <= MAX_ROWS:
+            self.lib.bw_lm_head(self.model, rows, hidden32.data_ptr(), out.data_ptr(),
+                                self._scratch.data_ptr(), threads)
+            return out
+        rough = head(hidden)
+        if rough.dtype != torch.bfloat16:
+            return rough.float()  # float32 products: nothing was rounded
+        rough = rough.contiguous()
+        code = self.lib.bw_head_logits(self.model, rows, hidden32.data_ptr(), rough.data_ptr(),
+                                       out.data_ptr(), EXACT_TOP, threads)
+        assert code == 0, f"bw_head_logits refused top {EXACT_TOP}"
         return out
 
 

@@ -135,6 +135,9 @@ def load(march: str = "native") -> ctypes.CDLL | None:
     lib.bw_silu_mul.restype = ctypes.c_int
     lib.bw_silu_mul.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p,
                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
+    lib.bw_head_logits.restype = ctypes.c_int
+    lib.bw_head_logits.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_void_p,
+                                   ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
     lib.bw_scratch_floats.restype = ctypes.c_int64
     lib.bw_scratch_floats.argtypes = [ctypes.POINTER(Model), ctypes.c_int, ctypes.c_int]
     return lib

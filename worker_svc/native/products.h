@@ -205,19 +205,6 @@ static void matvec(const qmat *w, int rows, const qact *a, float *y) {
     EACH_ROWS_AND_BITS(matvec_avx2);
 }
 #else
-static float half_to_float(uint16_t h) {
-    const uint32_t exponent = (h >> 10) & 31, mantissa = h & 1023;
-    float f;
-    if (exponent == 0) {
-        f = ldexpf((float)mantissa, -24);  /* zero or subnormal */
-    } else {
-        const uint32_t u = exponent == 31 ? 0x7f800000u | (mantissa << 13)
-                                          : ((exponent + 112) << 23) | (mantissa << 13);
-        memcpy(&f, &u, 4);
-    }
-    return h & 0x8000 ? -f : f;
-}
-
 /* The same arithmetic without VNNI, one output at a time: for machines without it (where
  * decoder.py does not build the step unless asked) and as a reading of the layout. */
 static void matvec(const qmat *w, int rows, const qact *a, float *y) {
