@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from batchwire.benchmarks.offline.rounding_budget import agreement
 from batchwire.common.worker_config import WorkerConfig
 from batchwire.kernels import AttentionMetadata
 
@@ -53,17 +54,6 @@ def small_worker(dtype: str, quantization: str, cpu_decode: str = "native") -> W
 def windows_of(ids: list[int]) -> list[list[int]]:
     length = len(ids) // NUM_WINDOWS
     return [ids[i * length:(i + 1) * length] for i in range(NUM_WINDOWS)]
-
-
-def agreement(reference: list[torch.Tensor], ours: list[torch.Tensor]) -> tuple[float, float]:
-    """(top-1 agreement, mean KL(reference || ours) in nats) over every position of the
-    windows' log-probabilities."""
-    agree, kl, count = 0, 0.0, 0
-    for ref, mine in zip(reference, ours, strict=True):
-        agree += int((ref.argmax(-1) == mine.argmax(-1)).sum())
-        kl += float((ref.exp() * (ref - mine)).sum())
-        count += ref.shape[0]
-    return agree / count, kl / count
 
 
 @pytest.fixture(scope="module")
