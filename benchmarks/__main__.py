@@ -59,6 +59,18 @@ BENCHMARKS = {
 MEASUREMENTS = [name for name in BENCHMARKS if name not in ("hostile-http", "latency")]
 
 
+class DefaultsSaid(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help says it itself (or there is
+    none to say: None, a flag's False), so that what --help says is what a run uses."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text or not action.option_strings
+                or action.default in (None, False, argparse.SUPPRESS)):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def add_common_arguments(p: argparse.ArgumentParser) -> None:
     """The options every benchmark takes. Added to each sub-parser on its own (not through a
     shared parent parser): argparse shares a parent's option objects, so one benchmark's
@@ -86,11 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
                                 title="benchmarks")
     for name in BENCHMARKS:
         module = _module(name)
-        p = sub.add_parser(name, help=BENCHMARKS[name][1], description=module.__doc__)
+        p = sub.add_parser(name, help=BENCHMARKS[name][1], description=module.__doc__,
+                           formatter_class=DefaultsSaid)
         add_common_arguments(p)
         module.add_arguments(p)
     every = sub.add_parser("all", help="every benchmark but hostile-http and latency, with "
-                           "its defaults")
+                           "its defaults", formatter_class=DefaultsSaid)
     add_common_arguments(every)
     return parser
 

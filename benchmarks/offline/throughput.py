@@ -43,7 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=128, help="with --num-prompts")
     p.add_argument("--transports", default="uni,zmq,grpc",
                    help="batchwire executors, comma list (`zmq sync`, `zmq async`: with async "
-                   "scheduling off or on, the default being on over zmq and grpc)")
+                   "scheduling off or on; plain zmq and grpc have it on) (default: "
+                   "%(default)s)")
     p.add_argument("--hf-batch-sizes", default="16,64", help="transformers static batch sizes")
     p.add_argument("--no-llamacpp", action="store_true", help="leave the llama.cpp peer out")
     p.add_argument("--quantization", default="auto", help="the weights' --quantization, or a "

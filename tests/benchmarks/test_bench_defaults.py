@@ -3,6 +3,7 @@ benchmark's default (overhead's float32) once leaked into every other through a 
 
 from __future__ import annotations
 
+import argparse
 import re
 
 import pytest
@@ -28,6 +29,16 @@ def test_each_benchmarks_defaults_are_its_own_and_its_help_says_them(name):
     assert args.dtype == DTYPES[name]
     help_text = " ".join(sub.format_help().split())
     assert re.search(rf"--dtype \{{bfloat16,float32\}}.*?\(default: {args.dtype}\)", help_text)
+
+
+@pytest.mark.parametrize("name", [*BENCHMARKS, "all"])
+def test_each_option_with_a_default_says_it_in_the_help(name):
+    _, sub = sub_parser(name)
+    formatter = sub._get_formatter()
+    unsaid = [a.option_strings[-1] for a in sub._actions
+              if a.option_strings and a.default not in (None, False, argparse.SUPPRESS)
+              and "default" not in formatter._expand_help(a)]
+    assert not unsaid, f"{name}: {unsaid} do not say their default"
 
 
 def test_latency_defaults_are_what_its_help_says():
