@@ -182,7 +182,8 @@ class NativeDecoder:
         products = self.lib.bw_products().decode()
         return (f"decode steps of up to {MAX_ROWS} rows: one native call (the stored weights "
                 f"as they are, times inputs as two int8 digits per group of 32, on {products}); "
-                "other steps: torch's products, the rest of each layer in C")
+                "other steps: torch's products, the rest of each layer in C, each row's "
+                f"top {EXACT_TOP} logits from the stored head")
 
     def _floats(self, t: torch.Tensor) -> int:
         t = t.detach().float().contiguous()
