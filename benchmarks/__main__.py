@@ -28,6 +28,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
+
 # `batchwire bench NAME` -> the module that runs it (under batchwire.benchmarks) and one line of
 # help; `all` runs them in this order. A new benchmark is one line here: its module has
 # add_arguments(parser), quick(args) and run(args).
@@ -57,18 +59,6 @@ BENCHMARKS = {
 # What `all` runs: hostile-http checks the HTTP front's refusals rather than measuring speed;
 # latency is about its llama-server peer, a binary `all` does not have.
 MEASUREMENTS = [name for name in BENCHMARKS if name not in ("hostile-http", "latency")]
-
-
-class DefaultsSaid(argparse.HelpFormatter):
-    """Each option's help ends with its default, unless the help says it itself (or there is
-    none to say: None, a flag's False), so that what --help says is what a run uses."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if ("default" in text or not action.option_strings
-                or action.default in (None, False, argparse.SUPPRESS)):
-            return text
-        return text + " (default: %(default)s)"
 
 
 def add_common_arguments(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.kernels import AttentionMetadata
 from batchwire.kernels.paged_attention import paged_attention_reference
 from batchwire.kernels.paged_attention_cpu import build_plan, paged_attention_torch
@@ -116,7 +117,7 @@ def run(name: str, query_lens, seq_lens, dtype, repeats: int) -> None:
 
 def timing_args(doc: str, repeats: int, threads: int) -> argparse.Namespace:
     """--repeats and --threads of an attention timing script; sets torch's threads."""
-    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=doc.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=repeats)
     parser.add_argument("--threads", type=int, default=threads)
     args = parser.parse_args()

@@ -14,6 +14,7 @@ import statistics
 import time
 
 import numpy as np
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 
 from scheduler_svc.core.ngram_proposer import propose_ngram_drafts
 
@@ -35,7 +36,8 @@ def time_us(tokens: np.ndarray, k: int, min_n: int, max_n: int, calls: int) -> f
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=DefaultsSaid)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048])
     parser.add_argument("-k", type=int, default=4)
     parser.add_argument("--min-n", type=int, default=1)

@@ -15,6 +15,7 @@ import argparse
 import time
 
 import torch
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 
 from worker_svc.quant.blocks import quantize_int4
 from worker_svc.quant.linear import QuantLinear
@@ -37,7 +38,8 @@ def best_us(layer: QuantLinear, x: torch.Tensor, calls: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=DefaultsSaid)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--rows", default="1,4,16,32,64,128,512")

@@ -16,6 +16,7 @@ import statistics
 import tempfile
 import time
 
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.benchmarks.shared.tiny_model import tiny_model
 
 from scheduler_svc.config import SchedulerConfig
@@ -62,7 +63,7 @@ def one_round(config: SchedulerConfig, steps: int) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=100)
     args = p.parse_args(argv)

@@ -14,6 +14,7 @@ import tempfile
 import time
 
 import transformers
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.common.worker_config import WorkerConfig
 from batchwire.v1 import worker_pb2 as pb
 
@@ -114,7 +115,8 @@ def measure(num_reqs: int, prompt_len: int, steps: int, repeats: int = 1
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=DefaultsSaid)
     parser.add_argument("--num-reqs", type=int, default=256)
     parser.add_argument("--prompt-len", type=int, default=200)
     parser.add_argument("--steps", type=int, default=200)

@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.v1 import worker_pb2 as pb
 
 from scheduler_svc.config import SchedulerConfig
@@ -69,7 +70,7 @@ def measure(running: int, waiting: int, prompt_len: int, steps: int, block_size:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=__doc__.splitlines()[0])
     ap.add_argument("--running", type=int, default=256)
     ap.add_argument("--waiting", type=int, default=1000)
     ap.add_argument("--prompt-len", type=int, default=128)

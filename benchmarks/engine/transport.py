@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import zmq
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.v1 import worker_pb2 as pb
 
 from scheduler_svc.config import SchedulerConfig
@@ -218,7 +219,7 @@ def grpc_echo_step(port: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--steps", type=int, default=200, help="timed steps per case per round")
     ap.add_argument("--rounds", type=int, default=20,

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.kernels import AttentionMetadata  # noqa: E402
 from batchwire.kernels.paged_attention import paged_attention_reference, paged_attention_triton  # noqa: E402
 from batchwire.kernels.reshape_and_cache import reshape_and_cache_torch, reshape_and_cache_triton  # noqa: E402
@@ -191,7 +192,8 @@ def bench_prefill(device, dtype, num_reqs, length, num_q, num_kv, head_dim, bloc
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=DefaultsSaid)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes; runs on CPU too")
     args = parser.parse_args()
     if not torch.cuda.is_available() and not args.smoke:

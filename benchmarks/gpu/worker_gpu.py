@@ -30,6 +30,7 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.common.worker_config import WorkerConfig  # noqa: E402
 
 from tests.parity import assert_greedy_parity, hf_greedy  # noqa: E402
@@ -268,7 +269,7 @@ def decode_speed(tmp: str) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=__doc__.split("\n")[0])
     p.add_argument("--device", default=DEVICE, help="cuda (default), or cpu with --staging-only")
     p.add_argument("--staging-only", action="store_true", help="part 2 alone")
     args = p.parse_args()

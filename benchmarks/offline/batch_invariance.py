@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.benchmarks.shared.workloads import w64
 
 from scheduler_svc.core.sampling_params import SamplingParams
@@ -41,7 +42,8 @@ def compare(batch_invariant: bool, dtype: str, num_requests: int, max_tokens: in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=DefaultsSaid)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--requests", type=int, default=16, help="W64 prompts also run alone")
     parser.add_argument("--max-tokens", type=int, default=32, help="output tokens per request")

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 from batchwire import kernels
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.kernels import paged_attention_cpu
 
 import worker_svc.models.llama as llama
@@ -38,7 +39,8 @@ def main_ops() -> Iterator[None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=DefaultsSaid)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--tokens", type=int, default=32, help="output tokens per timed run")
     parser.add_argument("--repeats", type=int, default=4)

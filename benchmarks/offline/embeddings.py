@@ -19,6 +19,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.benchmarks.shared.workloads import HIGH_ID, LOW_ID
 
 
@@ -52,7 +53,7 @@ def run_transformers(model, batch: list[list[int]], batch_size: int
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="float32")
     p.add_argument("--num-inputs", type=int, default=256)
     p.add_argument("--hf-batch-sizes", default="32,64")

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import torch
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 
 
 def decode_metadata(rows: int, position: int, block_size: int, blocks_per_row: int) -> object:
@@ -37,7 +38,8 @@ def main() -> None:
     from worker_svc.models.forward_context import set_forward_context
     from worker_svc.runner.worker import Worker
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=DefaultsSaid)
     parser.add_argument("--rows", default="1,2,4,8", help="decode rows per step, comma list")
     parser.add_argument("--context", type=int, default=128, help="tokens each row attends to")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per measurement")

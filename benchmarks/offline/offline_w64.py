@@ -19,6 +19,7 @@ import statistics
 import time
 
 import torch
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.benchmarks.shared.workloads import Workload, w64
 
 
@@ -69,7 +70,7 @@ def run_transformers(model, workload: Workload, batch_size: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--hf-batch-sizes", default="16,64", help="comma list; empty = skip")
     ap.add_argument("--repeats", type=int, default=3)

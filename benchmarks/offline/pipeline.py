@@ -17,6 +17,7 @@ import statistics
 import time
 
 import psutil
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.benchmarks.shared.workloads import w64
 
 
@@ -56,7 +57,7 @@ def run(pp: int, workload, dtype: str, repeats: int) -> tuple[float, list[float]
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=__doc__.splitlines()[0])
     p.add_argument("--dtype", default="float32")
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--repeats", type=int, default=1)

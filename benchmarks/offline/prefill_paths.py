@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import torch
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 
 
 def prefill_metadata(lengths: list[int], block_size: int) -> object:
@@ -59,7 +60,8 @@ def main() -> None:
     from worker_svc.models.forward_context import set_forward_context
     from worker_svc.runner.worker import Worker
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=DefaultsSaid)
     parser.add_argument("--prompts", default="128,256,384,2048,8x256",
                         help="steps, comma list: a prompt length, or COUNTxLENGTH prompts")
     parser.add_argument("--rounds", type=int, default=3, help="turns of both paths per step")

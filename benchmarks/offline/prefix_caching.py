@@ -14,6 +14,7 @@ import argparse
 import statistics
 import time
 
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from batchwire.benchmarks.shared.workloads import shared_prefix, w64
 
 from scheduler_svc.config import SchedulerConfig
@@ -77,7 +78,7 @@ def compare(shared: list[list[int]], distinct: list[list[int]], max_tokens: int,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()

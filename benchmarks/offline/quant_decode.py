@@ -18,6 +18,7 @@ import statistics
 import time
 
 import torch
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
@@ -26,7 +27,8 @@ def main() -> None:
     from scheduler_svc.core.sampling_params import SamplingParams
     from scheduler_svc.engine.llm import LLM
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                     formatter_class=DefaultsSaid)
     parser.add_argument("--quantization", default="auto,none")
     parser.add_argument("--cpu-decode", default="native",
                         help="comma list; with one --quantization, the engines are the decode "

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import torch
 from batchwire.benchmarks.offline.prefill_paths import prefill_metadata
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 from torch import nn
 
 TEXT = os.path.join("tests", "worker", "data", "quality_text.txt")
@@ -64,7 +65,7 @@ def agreement(reference: list[torch.Tensor], ours: list[torch.Tensor]) -> tuple[
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsSaid,
     )
     parser.add_argument("--text", default=TEXT, help="the text, read from the repository")
     parser.add_argument(

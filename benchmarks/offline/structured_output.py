@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import torch
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
 
 from scheduler_svc.core.sampling_params import SamplingParams
 from scheduler_svc.engine.llm import LLM
@@ -77,7 +78,7 @@ def run_batch(llm: LLM, prompts: list[list[int]], params: list[SamplingParams],
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(formatter_class=DefaultsSaid, description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)

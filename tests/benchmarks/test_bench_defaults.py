@@ -1,14 +1,19 @@
 """Each `batchwire bench` sub-command's defaults are its own and are what its --help says: one
-benchmark's default (overhead's float32) once leaked into every other through a shared parser."""
+benchmark's default (overhead's float32) once leaked into every other through a shared parser.
+Every benchmark's parser, the front's and each module's own, says each option's default."""
 
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 
 import pytest
 from batchwire.benchmarks.__main__ import BENCHMARKS, build_parser
 from batchwire.benchmarks.serving.one_stream import cases
+from batchwire.benchmarks.shared.help_format import DefaultsSaid
+
+from tests.test_layers import ROOT
 
 # float32 where bfloat16 would measure the CPU's bf16 matmuls instead of what the benchmark is
 # about (overhead: the engine's own time; chaos: request integrity under failures).
@@ -69,3 +74,35 @@ def test_throughput_measures_the_engines_own_weights_and_decode_step_by_default(
     assert cases_ == ["uni", "uni quant=none", "uni decode=torch", "uni quant=none decode=torch"]
     assert mode_setting("uni quant=none decode=torch") == {"quantization": "none",
                                                            "cpu_decode": "torch"}
+
+
+def test_defaults_said_ends_each_options_help_with_its_default_unless_it_says_it():
+    parser = argparse.ArgumentParser(prog="bench", formatter_class=DefaultsSaid)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--rows", default="1,2", help="rows per step")
+    parser.add_argument("--model", help="a checkpoint (default: the embedded one)")
+    parser.add_argument("--peer", help="a binary")
+    parser.add_argument("--quick", action="store_true", help="a small run")
+    text = " ".join(parser.format_help().split())
+    assert "--steps STEPS (default: 4)" in text
+    assert "--rows ROWS rows per step (default: 1,2)" in text
+    assert "a checkpoint (default: the embedded one) --peer" in text
+    assert "--peer PEER a binary --quick a small run" in text
+
+
+def test_every_benchmark_parser_says_its_defaults():
+    """Each ArgumentParser and sub-parser made under benchmarks/ is given DefaultsSaid."""
+    unsaid = []
+    for path in sorted((ROOT / "benchmarks").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in ("ArgumentParser", "add_parser")):
+                continue
+            given = {k.arg: k.value for k in node.keywords}
+            formatter = given.get("formatter_class")
+            if node.func.attr == "ArgumentParser" and isinstance(node.func.value, ast.Name) and (
+                    node.func.value.id == "argparse") and path.name == "__main__.py":
+                continue  # the front's own list of sub-commands keeps its raw description
+            if not (isinstance(formatter, ast.Name) and formatter.id == "DefaultsSaid"):
+                unsaid.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not unsaid, unsaid
