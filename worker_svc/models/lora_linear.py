@@ -18,6 +18,7 @@ stored pre-multiplied by its scaling (lora_alpha / r), so the delta needs no per
 from __future__ import annotations
 
 import torch
+from batchwire.kernels.gemm_rows import in_row_buckets
 
 
 class LoRAStack:
@@ -62,12 +63,14 @@ class LoRAStack:
         """y (T, sum(out_sizes)) += each token's adapter's B A x; x (T, in); mask (T, slots) is
         1.0 at the token's slot, all zeros for a base-model token. Returns y."""
         num_tokens, parts = x.shape[0], len(self.out_sizes)
-        shrunk = (x @ self.a).view(num_tokens, self.max_loras, parts, self.max_rank)
+        # Rows in buckets, as the base layers': oneDNN keeps a kernel per shape it meets.
+        shrunk = in_row_buckets(lambda rows: rows @ self.a, x).view(
+            num_tokens, self.max_loras, parts, self.max_rank)
         shrunk = shrunk * mask[:, :, None, None]  # (T, slots, parts, rank): own slot only
         start = 0
         for j, out in enumerate(self.out_sizes):
             part = shrunk[:, :, j].reshape(num_tokens, self.max_loras * self.max_rank)
-            y[:, start : start + out] += part @ self.b[j]
+            y[:, start : start + out] += in_row_buckets(lambda rows, b=self.b[j]: rows @ b, part)
             start += out
         return y
 

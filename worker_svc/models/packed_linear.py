@@ -9,6 +9,7 @@ the packed kernel sums in another order and would break exact parity with transf
 from __future__ import annotations
 
 import torch
+from batchwire.kernels.gemm_rows import in_row_buckets
 from torch import nn
 
 _BATCH_HINT = 64  # a decode-sized batch; the packed weight serves any batch size
@@ -36,7 +37,11 @@ class PackedLinear(nn.Module):
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), _BATCH_HINT)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        # Rows in buckets: oneDNN keeps a kernel per shape it meets (kernels/gemm_rows.py).
+        x2 = x.reshape(-1, self.in_features)
+        y = in_row_buckets(lambda rows: torch.ops.mkldnn._linear_pointwise(
+            rows, self.packed, self.bias, "none", [], ""), x2)
+        return y.reshape(*x.shape[:-1], self.out_features)
 
 
 def pack_linears(model: nn.Module) -> None:

@@ -11,6 +11,7 @@ CPU (worker_svc/quant/kernel_table.py, benchmarks/engine/quant_kernels.py).
 from __future__ import annotations
 
 import torch
+from batchwire.kernels.gemm_rows import in_row_buckets
 from torch import nn
 
 from worker_svc.quant.blocks import QuantizedWeight, quantize_int8_rows
@@ -70,9 +71,10 @@ class QuantLinear(nn.Module):
             if self.large == "dyn8":
                 y = self.dense(x2.float()).to(x.dtype)
             elif self.large == "dense":
-                y = torch.nn.functional.linear(x2, self.weight)
-            else:
-                y = torch.ops.mkldnn._linear_pointwise(x2, self.packed, None, "none", [], "")
+                y = in_row_buckets(lambda x: torch.nn.functional.linear(x, self.weight), x2)
+            else:  # rows in buckets: oneDNN keeps a kernel per shape (kernels/gemm_rows.py)
+                y = in_row_buckets(lambda x: torch.ops.mkldnn._linear_pointwise(
+                    x, self.packed, None, "none", [], ""), x2)
         elif self.small == "int4":
             y = int4_matmul(x2.contiguous(), self.int4, self.scales_zeros, self.group)
         else:
