@@ -354,15 +354,17 @@ class NativeDecoder:
         rows = hidden.shape[0]
         threads = min(torch.get_num_threads(), MAX_THREADS)
         hidden32 = hidden.float().contiguous()
-        out = torch.empty(rows, self.model.lm_head.n)
         if rows <= MAX_ROWS:
-            self.lib.bw_lm_head(self.model, rows, hidden32.data_ptr(), out.data_ptr(),
-                                self._scratch.data_ptr(), threads)
+            out = torch.empty(rows, self.model.lm_head.n)
+            if rows:
+                self.lib.bw_lm_head(self.model, rows, hidden32.data_ptr(), out.data_ptr(),
+                                    self._scratch.data_ptr(), threads)
             return out
         rough = head(hidden)
         if rough.dtype != torch.bfloat16:
             return rough.float()  # float32 products: nothing was rounded
         rough = rough.contiguous()
+        out = torch.empty(rows, self.model.lm_head.n)
         code = self.lib.bw_head_logits(self.model, rows, hidden32.data_ptr(), rough.data_ptr(),
                                        out.data_ptr(), EXACT_TOP, threads)
         assert code == 0, f"bw_head_logits refused top {EXACT_TOP}"
