@@ -105,13 +105,29 @@ def default_tokenizer(tokenizer_cache):
 
 
 @pytest.fixture(scope="session")
-def hf_default_model(default_model_file):
-    """transformers' own reading of the GGUF file, in float32: the parity reference."""
+def hf_default_model(default_model_file, tokenizer_cache):
+    """transformers' own reading of the GGUF file, in float32: the parity reference.
+
+    transformers takes ~20 s to read the file (it parses its metadata twice and dequantizes
+    every tensor), so the first test process to need the model pickles the object it read into
+    the run's cache folder, and the other one unpickles that same object (half a second); a
+    lock makes it wait while the first one reads and writes."""
+    import fcntl
+
     from transformers import AutoModelForCausalLM
 
-    folder, name = os.path.split(default_model_file)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    return model.eval()
+    saved = os.path.join(tokenizer_cache, "hf-default-model.pt")
+    os.makedirs(tokenizer_cache, exist_ok=True)
+    with open(saved + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if os.path.exists(saved):
+            return torch.load(saved, weights_only=False)
+        folder, name = os.path.split(default_model_file)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        model.eval()
+        torch.save(model, saved + ".partial")
+        os.rename(saved + ".partial", saved)  # whole or absent
+        return model
 
 
 @pytest.fixture(scope="session")
