@@ -105,13 +105,29 @@ def default_tokenizer(tokenizer_cache):
 
 
 @pytest.fixture(scope="session")
-def hf_default_model(default_model_file):
-    """transformers' own reading of the GGUF file, in float32: the parity reference."""
+def hf_default_model(default_model_file, tokenizer_cache):
+    """transformers' own reading of the GGUF file, in float32: the parity reference.
+
+    transformers takes ~20 s to read the file (it parses its metadata twice and dequantizes
+    every tensor), so the first test process to need the model pickles the object it read into
+    the run's cache folder, and the other one unpickles that same object (half a second); a
+    lock makes it wait while the first one reads and writes."""
+    import fcntl
+
     from transformers import AutoModelForCausalLM
 
-    folder, name = os.path.split(default_model_file)
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    return model.eval()
+    saved = os.path.join(tokenizer_cache, "hf-default-model.pt")
+    os.makedirs(tokenizer_cache, exist_ok=True)
+    with open(saved + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if os.path.exists(saved):
+            return torch.load(saved, weights_only=False)
+        folder, name = os.path.split(default_model_file)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        model.eval()
+        torch.save(model, saved + ".partial")
+        os.rename(saved + ".partial", saved)  # whole or absent
+        return model
 
 
 @pytest.fixture(scope="session")
@@ -194,11 +210,30 @@ SLOW_TESTS = {"test_lint.py::test_mypy_passes"}
 
 def pytest_collection_modifyitems(config, items):
     tests = os.path.dirname(__file__)
+    slow_files = set()
     for item in items:
         path = os.path.relpath(str(item.path), tests)
         if (path in SLOW_FILES or f"{path}::{item.name}" in SLOW_TESTS
                 or DEFAULT_MODEL_FIXTURES & set(item.fixturenames)):
             item.add_marker(pytest.mark.slow)
+            slow_files.add(item.path)
+    # The files with a slow test first, each file's tests still in their order: `make test`
+    # hands out whole files to its two processes in this order (pytest_xdist_make_scheduler),
+    # so the many short files come last and both processes run out of work at about the same
+    # time, instead of one of them starting a minute-long file when the other is nearly done.
+    items.sort(key=lambda item: item.path not in slow_files)  # stable: the rest keeps its order
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadfile in the order of the collection. By default xdist hands out the files
+    with the most tests first, which puts the single-test files last: among them the longest
+    ones (bench all --quick alone runs for minutes on a slow machine)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False
+    return LoadFileScheduling(config, log)
 
 
 def pytest_unconfigure(config):

@@ -9,7 +9,7 @@ from typing import Any
 
 from scheduler_svc.cli.client import DEFAULT_ADDRESS
 
-CONNECT_TIMEOUT_S = 10.0  # chat checks the server is there before the first prompt
+CONNECT_TIMEOUT_S = 10.0  # chat checks the server is there before the first prompt (default)
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -155,7 +155,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     print("Chatting with the model at " + args.address + ". /reset forgets the conversation, "
           "/exit or Ctrl-D leaves.", file=sys.stderr)
     with _client(args) as client:
-        client.wait_ready(CONNECT_TIMEOUT_S)
+        client.wait_ready(args.connect_timeout)
         print(defaults_line(client.model_info()) + " Flags override them.", file=sys.stderr)
         while True:
             try:

@@ -25,6 +25,7 @@ from batchwire.common.env_options import env_default, env_name
 from batchwire.common.ports import PortInUseError
 
 from scheduler_svc.cli.client_commands import (
+    CONNECT_TIMEOUT_S,
     add_client_options,
     add_lora_options,
     add_sampling_options,
@@ -295,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Chat with the model; the conversation is kept and "
                           "sent whole, through the model's chat template, every turn.")
     chat.add_argument("--system", help="a system message opening the conversation")
+    chat.add_argument("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S,
+                      help="seconds to wait for the server before the first prompt "
+                      "(default: %(default)g)")
     add_client_options(chat)
     add_sampling_options(chat)
     chat.set_defaults(func=cmd_chat)

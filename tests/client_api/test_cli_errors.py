@@ -97,7 +97,10 @@ def test_ctrl_c_while_asking_for_the_model_info_prints_one_line(stalling_server)
 @pytest.mark.parametrize("command", ["generate", "chat"])
 def test_no_server_at_the_address_is_one_line(command):
     address = f"127.0.0.1:{_free_port()}"
-    argv = [*CLI, command, "--address", address] + (["Hi"] if command == "generate" else [])
+    # chat waits for the server before its first prompt: 1 s of its 10 s default is enough for
+    # nobody to answer at a free port.
+    argv = [*CLI, command, "--address", address] + (
+        ["Hi"] if command == "generate" else ["--connect-timeout", "1"])
     done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60,
                           input="Hi\n")
     assert done.returncode == 1
