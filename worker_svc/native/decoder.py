@@ -353,9 +353,8 @@ class NativeDecoder:
         row's EXACT_TOP largest computed again from the stored head (head.h says why)."""
         rows = hidden.shape[0]
         threads = min(torch.get_num_threads(), MAX_THREADS)
-        hidden32 = hidden.float().contiguous()
         if rows <= MAX_ROWS:
-            out = torch.empty(rows, self.model.lm_head.n)
+            hidden32, out = hidden.float().contiguous(), torch.empty(rows, self.model.lm_head.n)
             if rows:
                 self.lib.bw_lm_head(self.model, rows, hidden32.data_ptr(), out.data_ptr(),
                                     self._scratch.data_ptr(), threads)
@@ -363,8 +362,9 @@ class NativeDecoder:
         rough = head(hidden)
         if rough.dtype != torch.bfloat16:
             return rough.float()  # float32 products: nothing was rounded
-        rough = rough.contiguous()
-        out = torch.empty(rows, self.model.lm_head.n)
+        # Named, not temporaries: each must outlive the call that reads its data.
+        hidden32, rough, out = (hidden.float().contiguous(), rough.contiguous(),
+                                torch.empty(rows, self.model.lm_head.n))
         code = self.lib.bw_head_logits(self.model, rows, hidden32.data_ptr(), rough.data_ptr(),
                                        out.data_ptr(), EXACT_TOP, threads)
         assert code == 0, f"bw_head_logits refused top {EXACT_TOP}"

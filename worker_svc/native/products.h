@@ -9,7 +9,7 @@
 /* Rows x [rows, k] to two int8 digits per group of 32: hi = rint(x / e), e = max |x| / 127,
  * then lo = rint((x - hi e) / d), d = e / 127, in [-64, 64]: x ~ d (127 hi + lo). Without
  * fused multiply-adds, so that each digit is what the same float steps in torch round to
- * (tests/worker/test_native_decode.py's round_to_digits). */
+ * (tests/worker/test_native_kernels.py's round_to_digits). */
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("fp-contract=off")))
 #endif
